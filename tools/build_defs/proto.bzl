@@ -13,7 +13,12 @@ def cc_grpc_library(name, srcs, proto_root, deps = [], grpc = True, visibility =
     same way (`#include "handoff/v1/source.pb.h"`).
     """
     pkg = native.package_name()
-    depth = len(pkg[len(proto_root):].strip("/").split("/")) if pkg != proto_root else 0
+    if proto_root in ("", "."):
+        proto_root = "."
+        rel = pkg
+    else:
+        rel = pkg[len(proto_root):].strip("/")
+    depth = len(rel.split("/")) if rel else 0
     outs = []
     for src in srcs:
         base = src[:-len(".proto")]
@@ -38,7 +43,7 @@ def cc_grpc_library(name, srcs, proto_root, deps = [], grpc = True, visibility =
         name = name,
         srcs = [o for o in outs if o.endswith(".cc")],
         hdrs = [o for o in outs if o.endswith(".h")],
-        includes = ["/".join([".."] * depth) if depth else "."],
+        strip_include_prefix = None if proto_root == "." else "/" + proto_root,
         deps = deps + ["@system//:grpc", "@system//:protobuf"],
         visibility = visibility,
     )

@@ -1,0 +1,80 @@
+#include "store/keys.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace handoff::store::keys {
+
+void AppendBigEndian64(std::string* out, uint64_t v) {
+  char buf[8];
+  for (int i = 7; i >= 0; --i) {
+    buf[i] = static_cast<char>(v & 0xff);
+    v >>= 8;
+  }
+  out->append(buf, 8);
+}
+
+uint64_t DecodeBigEndian64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+std::string SourcePrefix(absl::string_view source_id) {
+  std::string k(source_id);
+  k.push_back('\0');
+  return k;
+}
+
+std::string Source(absl::string_view source_id) { return std::string(source_id); }
+
+std::string Checkpoint(absl::string_view source_id, Stage stage) {
+  std::string k = SourcePrefix(source_id);
+  k.push_back(static_cast<char>(stage));
+  return k;
+}
+
+std::string Positional(absl::string_view source_id, Position pos) {
+  std::string k = SourcePrefix(source_id);
+  k.reserve(k.size() + 16);
+  AppendBigEndian64(&k, pos.block);
+  AppendBigEndian64(&k, pos.log_index);
+  return k;
+}
+
+std::string StagePrefix(absl::string_view source_id, Stage stage) {
+  std::string k = SourcePrefix(source_id);
+  k.push_back(static_cast<char>(stage));
+  return k;
+}
+
+std::string Staged(absl::string_view source_id, Stage stage, Position pos) {
+  std::string k = StagePrefix(source_id, stage);
+  k.reserve(k.size() + 16);
+  AppendBigEndian64(&k, pos.block);
+  AppendBigEndian64(&k, pos.log_index);
+  return k;
+}
+
+absl::StatusOr<Position> DecodePosition(absl::string_view key) {
+  if (key.size() < 17) {
+    return absl::DataLossError(absl::StrCat("key too short for a position: ", key.size(), " bytes"));
+  }
+  const char* p = key.data() + key.size() - 16;
+  return Position{DecodeBigEndian64(p), DecodeBigEndian64(p + 8)};
+}
+
+std::string PrefixSuccessor(absl::string_view prefix) {
+  std::string s(prefix);
+  while (!s.empty()) {
+    unsigned char c = static_cast<unsigned char>(s.back());
+    if (c != 0xff) {
+      s.back() = static_cast<char>(c + 1);
+      return s;
+    }
+    s.pop_back();
+  }
+  return s;  // empty: no upper bound
+}
+
+}  // namespace handoff::store::keys

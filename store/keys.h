@@ -1,0 +1,61 @@
+// The one key-encoding module of the store.
+//
+// Every key starts with the source id and a NUL separator (ids are [a-z0-9-], so no id
+// is a prefix of another's keys), then, where the column family is per position, a stage
+// byte and the position as big-endian block and log index. Byte order is therefore
+// source order, including positions above 2^32, so a range scan over a page's range
+// visits its events in order.
+//
+//   sources:      <id>
+//   checkpoints:  <id> 0x00 <stage>
+//   rows, outbox: <id> 0x00 <block:be64> <log_index:be64>
+//   receipts, quarantine, holds:
+//                 <id> 0x00 <stage> <block:be64> <log_index:be64>
+//   meta:         ascii names ("schema_version")
+#ifndef HANDOFF_STORE_KEYS_H_
+#define HANDOFF_STORE_KEYS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "store/position.h"
+
+namespace handoff::store {
+
+// Which consumer of a source a checkpoint, receipt or hold belongs to.
+enum class Stage : uint8_t {
+  kIngest = 1,    // the page procedure
+  kDelivery = 2,  // the outbox dispatcher
+};
+
+namespace keys {
+
+// The source's id prefix: "<id>\0". Every key of the source starts with it.
+std::string SourcePrefix(absl::string_view source_id);
+
+std::string Source(absl::string_view source_id);
+std::string Checkpoint(absl::string_view source_id, Stage stage);
+
+// rows and outbox.
+std::string Positional(absl::string_view source_id, Position pos);
+// receipts, quarantine and holds.
+std::string Staged(absl::string_view source_id, Stage stage, Position pos);
+// The prefix of every staged key of (source, stage).
+std::string StagePrefix(absl::string_view source_id, Stage stage);
+
+// Decodes the position at the end of a positional or staged key.
+absl::StatusOr<Position> DecodePosition(absl::string_view key);
+
+// Appends `v` big-endian (8 bytes).
+void AppendBigEndian64(std::string* out, uint64_t v);
+uint64_t DecodeBigEndian64(const char* p);
+
+// The smallest key greater than every key that starts with `prefix`.
+std::string PrefixSuccessor(absl::string_view prefix);
+
+}  // namespace keys
+}  // namespace handoff::store
+
+#endif  // HANDOFF_STORE_KEYS_H_

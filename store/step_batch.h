@@ -1,0 +1,74 @@
+// StepBatch: the contents of one atomic step of one source.
+//
+// A step is everything one durable commit changes: effects (rows, outbox entries),
+// receipts, quarantine records, holds or their removal. Store::CommitStep writes the
+// batch together with the checkpoint update in one RocksDB WriteBatch, synced, only if
+// the checkpoint fence still holds; otherwise nothing of it is written.
+//
+// Not thread-safe: one step is built by one thread.
+#ifndef HANDOFF_STORE_STEP_BATCH_H_
+#define HANDOFF_STORE_STEP_BATCH_H_
+
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "handoff/v1/source.pb.h"
+#include "rocksdb/write_batch.h"
+#include "store/column_families.h"
+#include "store/keys.h"
+#include "store/position.h"
+#include "store/records.pb.h"
+
+namespace handoff::store {
+
+class Store;
+
+class StepBatch {
+ public:
+  // Use Store::NewStep.
+  StepBatch(const ColumnFamilies* cfs, absl::string_view source_id)
+      : cfs_(cfs), source_id_(source_id) {}
+
+  StepBatch(const StepBatch&) = delete;
+  StepBatch& operator=(const StepBatch&) = delete;
+
+  const std::string& source_id() const { return source_id_; }
+
+  // Derived rows. `row` is a serialized handoff.v1.EventRow; a row is also the ingest
+  // receipt of its event when the source's effect is local rows.
+  void PutRow(Position pos, absl::string_view serialized_row);
+  void DeleteRow(Position pos);
+
+  void PutReceipt(Stage stage, Position pos, const ReceiptRecord& receipt);
+  void DeleteReceipt(Stage stage, Position pos);
+
+  void PutQuarantine(Stage stage, Position pos, const handoff::v1::QuarantineRecord& rec);
+  void DeleteQuarantine(Stage stage, Position pos);
+
+  void PutHold(Stage stage, Position pos, const handoff::v1::Hold& hold);
+  void DeleteHold(Stage stage, Position pos);
+
+  // Outbox entries: serialized handoff.v1.EventRow awaiting gated delivery.
+  void PutOutbox(Position pos, absl::string_view serialized_row);
+  void DeleteOutbox(Position pos);
+
+  // Number of operations added so far.
+  int count() const { return batch_.Count(); }
+  bool empty() const { return batch_.Count() == 0; }
+  size_t byte_size() const { return batch_.GetDataSize(); }
+  void Clear() { batch_.Clear(); }
+
+ private:
+  friend class Store;
+  void Put(rocksdb::ColumnFamilyHandle* cf, const std::string& key,
+           const google::protobuf::MessageLite& msg);
+
+  const ColumnFamilies* const cfs_;
+  const std::string source_id_;
+  rocksdb::WriteBatch batch_;
+  std::string scratch_;
+};
+
+}  // namespace handoff::store
+
+#endif  // HANDOFF_STORE_STEP_BATCH_H_

@@ -1,0 +1,482 @@
+#include "store/store.h"
+
+#include <openssl/sha.h>
+
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/status_macros.h"
+#include "rocksdb/filter_policy.h"
+#include "rocksdb/slice_transform.h"
+#include "rocksdb/table.h"
+#include "rocksdb/utilities/options_util.h"
+#include "store/rocks_status.h"
+
+namespace handoff::store {
+namespace {
+
+constexpr char kSchemaKey[] = "schema_version";
+constexpr char kMagicKey[] = "handoff";
+
+// Order matters: index i of the handle vector is this name.
+const char* const kFamilyNames[] = {
+    rocksdb::kDefaultColumnFamilyName.c_str(),
+    "sources", "checkpoints", "receipts", "quarantine", "holds", "rows", "outbox", "meta",
+};
+constexpr int kFamilyCount = sizeof(kFamilyNames) / sizeof(kFamilyNames[0]);
+
+rocksdb::ColumnFamilyOptions FamilyOptions(const StoreOptions& options,
+                                           const std::shared_ptr<rocksdb::Cache>& cache,
+                                           bool point_lookups) {
+  rocksdb::ColumnFamilyOptions cf;
+  cf.write_buffer_size = options.write_buffer_bytes;
+  cf.max_write_buffer_number = 4;
+  cf.min_write_buffer_number_to_merge = 1;
+  // Rows are mostly hex text that compresses well; LZ4 is cheap on the flush path and
+  // leaves the WAL (the synced bytes) untouched.
+  cf.compression = rocksdb::kLZ4Compression;
+  cf.bottommost_compression = rocksdb::kZSTD;
+  rocksdb::BlockBasedTableOptions table;
+  table.block_cache = cache;
+  if (point_lookups) {
+    // Receipt and row lookups by position: a bloom filter turns a miss into ~3 us.
+    table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10, false));
+    table.whole_key_filtering = true;
+  }
+  table.cache_index_and_filter_blocks = true;
+  table.pin_l0_filter_and_index_blocks_in_cache = true;
+  cf.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  return cf;
+}
+
+absl::string_view View(const rocksdb::Slice& s) { return absl::string_view(s.data(), s.size()); }
+
+absl::Status Corrupt(absl::string_view what, absl::string_view key) {
+  return absl::DataLossError(
+      absl::StrCat("storage: cannot parse ", what, " record at key of ", key.size(), " bytes"));
+}
+
+}  // namespace
+
+std::string IdentityHash(const handoff::v1::SourceSpec& spec) {
+  std::string identity;
+  for (const std::string* part : {&spec.provider_url(), &spec.chain(), &spec.source(),
+                                  &spec.filter()}) {
+    absl::StrAppend(&identity, part->size(), ":", *part, ";");
+  }
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(identity.data()), identity.size(), digest);
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(digest), sizeof(digest)));
+}
+
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
+  if (options.path.empty()) return absl::InvalidArgumentError("store: empty data path");
+  rocksdb::DBOptions db_options;
+  db_options.create_if_missing = true;
+  db_options.create_missing_column_families = true;
+  db_options.max_background_jobs = 2;
+  db_options.bytes_per_sync = 1 << 20;
+  db_options.keep_log_file_num = 5;
+  db_options.max_total_wal_size = 256 << 20;
+  // Paranoid checks turn background write errors into a stopped DB rather than
+  // silently continuing.
+  db_options.paranoid_checks = true;
+  if (options.env != nullptr) db_options.env = options.env;
+
+  // A directory with files but no RocksDB CURRENT file is somebody else's: refuse it.
+  rocksdb::Env* env = options.env != nullptr ? options.env : rocksdb::Env::Default();
+  std::vector<std::string> children;
+  if (env->GetChildren(options.path, &children).ok()) {
+    bool has_current = false, has_other = false;
+    for (const std::string& c : children) {
+      if (c == "." || c == "..") continue;
+      if (c == "CURRENT") has_current = true;
+      else has_other = true;
+    }
+    if (has_other && !has_current) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "store: ", options.path, " is not empty and holds no RocksDB database; refusing "
+          "to use a foreign data directory"));
+    }
+  }
+
+  auto cache = rocksdb::NewLRUCache(options.block_cache_bytes);
+  std::vector<rocksdb::ColumnFamilyDescriptor> families;
+  for (int i = 0; i < kFamilyCount; ++i) {
+    std::string name = kFamilyNames[i];
+    bool point = name == "rows" || name == "receipts" || name == "outbox";
+    families.emplace_back(name, FamilyOptions(options, cache, point));
+  }
+  // Refuse databases that carry column families we do not know (a foreign RocksDB).
+  std::vector<std::string> existing;
+  if (rocksdb::DB::ListColumnFamilies(db_options, options.path, &existing).ok()) {
+    for (const std::string& name : existing) {
+      bool known = false;
+      for (int i = 0; i < kFamilyCount; ++i) known |= name == kFamilyNames[i];
+      if (!known) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "store: ", options.path, " holds a RocksDB database with an unknown column "
+            "family '", name, "'; it is not a Handoff database"));
+      }
+    }
+  }
+
+  rocksdb::DB* raw = nullptr;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(db_options, options.path, families, &handles, &raw),
+                            absl::StrCat("open ", options.path)));
+  std::unique_ptr<Store> store(new Store(options, raw, std::move(handles)));
+  RETURN_IF_ERROR(store->CheckSchema());
+  return store;
+}
+
+Store::Store(const StoreOptions& options, rocksdb::DB* db,
+             std::vector<rocksdb::ColumnFamilyHandle*> handles)
+    : options_(options), db_(db), handles_(std::move(handles)) {
+  cfs_.sources = handles_[1];
+  cfs_.checkpoints = handles_[2];
+  cfs_.receipts = handles_[3];
+  cfs_.quarantine = handles_[4];
+  cfs_.holds = handles_[5];
+  cfs_.rows = handles_[6];
+  cfs_.outbox = handles_[7];
+  cfs_.meta = handles_[8];
+  write_options_.sync = options.sync;
+}
+
+Store::~Store() {
+  for (rocksdb::ColumnFamilyHandle* h : handles_) db_->DestroyColumnFamilyHandle(h);
+  handles_.clear();
+  // Close reports background errors; nothing more can be done with them at this point.
+  db_->Close().PermitUncheckedError();
+}
+
+absl::Status Store::CheckSchema() {
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_.meta, kSchemaKey, &value);
+  if (s.IsNotFound()) {
+    // A new database, unless it already holds data (then the schema key was lost).
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cfs_.sources));
+    it->SeekToFirst();
+    if (it->Valid()) {
+      return absl::FailedPreconditionError(
+          "store: database holds sources but no schema version; refusing to open");
+    }
+    RETURN_IF_ERROR(FromRocks(it->status(), "read sources"));
+    rocksdb::WriteBatch batch;
+    batch.Put(cfs_.meta, kSchemaKey, std::to_string(kSchemaVersion));
+    batch.Put(cfs_.meta, kMagicKey, "handoff event consumer");
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    return FromRocks(db_->Write(wo, &batch), "write schema version");
+  }
+  RETURN_IF_ERROR(FromRocks(s, "read schema version"));
+  int version = 0;
+  if (!absl::SimpleAtoi(value, &version) || version != kSchemaVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "store: ", options_.path, " has schema version '", value, "', this build reads "
+        "version ", kSchemaVersion, "; refusing to open (upgrade or use another data_dir)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Mutex* Store::SourceLock(absl::string_view id) {
+  absl::MutexLock lock(&locks_mu_);
+  auto& slot = locks_[id];
+  if (slot == nullptr) slot = std::make_unique<absl::Mutex>();
+  return slot.get();
+}
+
+absl::Status Store::health() const {
+  absl::MutexLock lock(&health_mu_);
+  return write_failure_;
+}
+
+absl::Status Store::Write(rocksdb::WriteBatch* batch, absl::string_view operation) {
+  {
+    absl::MutexLock lock(&health_mu_);
+    if (!write_failure_.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "storage: refusing ", operation, " after an earlier write failure: ",
+          write_failure_.message()));
+    }
+  }
+  absl::Status s = FromRocks(db_->Write(write_options_, batch), operation);
+  if (!s.ok()) {
+    absl::MutexLock lock(&health_mu_);
+    if (write_failure_.ok()) write_failure_ = s;
+  }
+  return s;
+}
+
+absl::Status Store::Flush() {
+  rocksdb::FlushOptions fo;
+  return FromRocks(db_->Flush(fo, handles_), "flush");
+}
+
+// ---- Sources ----
+
+absl::Status Store::PutSource(const handoff::v1::Source& source) {
+  rocksdb::WriteBatch batch;
+  batch.Put(cfs_.sources, keys::Source(source.spec().id()), source.SerializeAsString());
+  return Write(&batch, "put source");
+}
+
+absl::StatusOr<handoff::v1::Source> Store::GetSource(absl::string_view id) {
+  std::string value;
+  RETURN_IF_ERROR(FromRocks(db_->Get(rocksdb::ReadOptions(), cfs_.sources, keys::Source(id), &value),
+                            absl::StrCat("get source ", id)));
+  handoff::v1::Source source;
+  if (!source.ParseFromString(value)) return Corrupt("source", id);
+  return source;
+}
+
+absl::StatusOr<std::vector<handoff::v1::Source>> Store::ListSources(absl::string_view start_after,
+                                                                  int limit) {
+  std::vector<handoff::v1::Source> out;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cfs_.sources));
+  if (start_after.empty()) {
+    it->SeekToFirst();
+  } else {
+    it->Seek(keys::Source(start_after));
+    if (it->Valid() && View(it->key()) == start_after) it->Next();
+  }
+  for (; it->Valid() && static_cast<int>(out.size()) < limit; it->Next()) {
+    handoff::v1::Source source;
+    if (!source.ParseFromArray(it->value().data(), it->value().size())) {
+      return Corrupt("source", View(it->key()));
+    }
+    out.push_back(std::move(source));
+  }
+  RETURN_IF_ERROR(FromRocks(it->status(), "list sources"));
+  return out;
+}
+
+absl::Status Store::DeleteSource(absl::string_view id) {
+  absl::MutexLock lock(SourceLock(id));
+  rocksdb::WriteBatch batch;
+  const std::string prefix = keys::SourcePrefix(id);
+  const std::string end = keys::PrefixSuccessor(prefix);
+  for (rocksdb::ColumnFamilyHandle* cf : {cfs_.checkpoints, cfs_.receipts, cfs_.quarantine,
+                                          cfs_.holds, cfs_.rows, cfs_.outbox}) {
+    batch.DeleteRange(cf, prefix, end);
+  }
+  batch.Delete(cfs_.sources, keys::Source(id));
+  return Write(&batch, absl::StrCat("delete source ", id));
+}
+
+// ---- Checkpoints ----
+
+absl::StatusOr<CheckpointRecord> Store::LoadCheckpoint(absl::string_view id, Stage stage) {
+  return LoadCheckpointLocked(id, stage);
+}
+
+absl::StatusOr<CheckpointRecord> Store::LoadCheckpointLocked(absl::string_view id, Stage stage) {
+  std::string value;
+  RETURN_IF_ERROR(FromRocks(
+      db_->Get(rocksdb::ReadOptions(), cfs_.checkpoints, keys::Checkpoint(id, stage), &value),
+      absl::StrCat("load checkpoint of ", id)));
+  CheckpointRecord record;
+  if (!record.ParseFromString(value)) return Corrupt("checkpoint", id);
+  return record;
+}
+
+absl::Status Store::ResetSource(absl::string_view id, const CheckpointRecord& ingest,
+                                const std::optional<CheckpointRecord>& delivery) {
+  absl::MutexLock lock(SourceLock(id));
+  rocksdb::WriteBatch batch;
+  const std::string prefix = keys::SourcePrefix(id);
+  const std::string end = keys::PrefixSuccessor(prefix);
+  for (rocksdb::ColumnFamilyHandle* cf :
+       {cfs_.receipts, cfs_.quarantine, cfs_.holds, cfs_.rows, cfs_.outbox}) {
+    batch.DeleteRange(cf, prefix, end);
+  }
+  auto put = [&](Stage stage, CheckpointRecord record) -> absl::Status {
+    absl::StatusOr<CheckpointRecord> old = LoadCheckpointLocked(id, stage);
+    if (old.ok()) {
+      record.set_version(std::max(record.version(), old->version() + 1));
+    } else if (!absl::IsNotFound(old.status())) {
+      return old.status();
+    }
+    record.set_updated_unix_ms(absl::ToUnixMillis(absl::Now()));
+    batch.Put(cfs_.checkpoints, keys::Checkpoint(id, stage), record.SerializeAsString());
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(put(Stage::kIngest, ingest));
+  if (delivery.has_value()) {
+    RETURN_IF_ERROR(put(Stage::kDelivery, *delivery));
+  } else {
+    batch.Delete(cfs_.checkpoints, keys::Checkpoint(id, Stage::kDelivery));
+  }
+  return Write(&batch, absl::StrCat("reset source ", id));
+}
+
+absl::StatusOr<CheckpointRecord> Store::CommitStep(Stage stage, StepBatch* step,
+                                                   const Fence& fence,
+                                                   const CheckpointUpdate& update) {
+  const std::string& id = step->source_id();
+  absl::MutexLock lock(SourceLock(id));
+  ASSIGN_OR_RETURN(CheckpointRecord record, LoadCheckpointLocked(id, stage));
+  if (record.version() != fence.expected_version) {
+    return absl::AbortedError(absl::StrCat(
+        "checkpoint of ", id, " moved: attempt holds version ", fence.expected_version,
+        ", stored version is ", record.version(), "; reread and retry"));
+  }
+  if (fence.barrier.has_value()) {
+    if (record.resume_cursor() != fence.barrier->expected_cursor) {
+      return absl::AbortedError(absl::StrCat(
+          "checkpoint of ", id, " has another resume cursor than the attempt's; reread"));
+    }
+    record.set_resume_cursor(fence.barrier->next_cursor);
+    record.set_version(record.version() + 1);
+  }
+  if (update.clear_applied) {
+    record.set_has_applied(false);
+    record.set_applied_block(0);
+    record.set_applied_log_index(0);
+  }
+  if (update.applied.has_value()) {
+    record.set_has_applied(true);
+    record.set_applied_block(update.applied->block);
+    record.set_applied_log_index(update.applied->log_index);
+  }
+  if (update.finalized.has_value() && update.finalized->present() &&
+      (!record.highest_finalized().present() ||
+       update.finalized->number() > record.highest_finalized().number())) {
+    *record.mutable_highest_finalized() = *update.finalized;
+  }
+  if (update.safe.has_value() && update.safe->present() &&
+      (!record.highest_safe().present() ||
+       update.safe->number() > record.highest_safe().number())) {
+    *record.mutable_highest_safe() = *update.safe;
+  }
+  if (update.tip.has_value()) record.set_tip(*update.tip);
+  const CounterRecord& d = update.counter_deltas;
+  CounterRecord* c = record.mutable_counters();
+  c->set_applied(c->applied() + d.applied());
+  c->set_replayed(c->replayed() + d.replayed());
+  c->set_ignored(c->ignored() + d.ignored());
+  c->set_quarantined(c->quarantined() + d.quarantined());
+  c->set_corrections(c->corrections() + d.corrections());
+  c->set_pages_committed(c->pages_committed() + d.pages_committed());
+  c->set_delivered(c->delivered() + d.delivered());
+  c->set_max_correction_depth(std::max(c->max_correction_depth(), d.max_correction_depth()));
+  record.set_updated_unix_ms(absl::ToUnixMillis(absl::Now()));
+
+  rocksdb::WriteBatch* batch = &step->batch_;
+  std::string value;
+  record.SerializeToString(&value);
+  batch->Put(cfs_.checkpoints, keys::Checkpoint(id, stage), value);
+  absl::Status s = Write(batch, absl::StrCat("commit step of ", id));
+  if (!s.ok()) return s;
+  return record;
+}
+
+absl::StatusOr<CheckpointRecord> Store::CompareAndSwap(absl::string_view id, Stage stage,
+                                                       absl::string_view expected_cursor,
+                                                       uint64_t expected_version,
+                                                       absl::string_view next_cursor) {
+  StepBatch step(&cfs_, id);
+  Fence fence;
+  fence.expected_version = expected_version;
+  fence.barrier = Fence::Barrier{std::string(expected_cursor), std::string(next_cursor)};
+  return CommitStep(stage, &step, fence, CheckpointUpdate{});
+}
+
+// ---- Reads ----
+
+absl::Status Store::ScanRange(
+    rocksdb::ColumnFamilyHandle* cf, const std::string& begin, const std::string& end_inclusive,
+    const std::function<bool(absl::string_view, absl::string_view)>& fn) const {
+  rocksdb::ReadOptions ro;
+  std::string upper = end_inclusive;
+  upper.push_back('\0');  // smallest key greater than end_inclusive
+  rocksdb::Slice upper_slice(upper);
+  ro.iterate_upper_bound = &upper_slice;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cf));
+  for (it->Seek(begin); it->Valid(); it->Next()) {
+    if (!fn(View(it->key()), View(it->value()))) break;
+  }
+  return FromRocks(it->status(), "scan");
+}
+
+absl::Status Store::ScanRows(absl::string_view id, Position from, Position to,
+                             const RowVisitor& fn) const {
+  return ScanRange(cfs_.rows, keys::Positional(id, from), keys::Positional(id, to),
+                   [&](absl::string_view key, absl::string_view value) {
+                     absl::StatusOr<Position> pos = keys::DecodePosition(key);
+                     return pos.ok() && fn(*pos, value);
+                   });
+}
+
+absl::Status Store::ScanOutbox(absl::string_view id, Position from, Position to,
+                               const RowVisitor& fn) const {
+  return ScanRange(cfs_.outbox, keys::Positional(id, from), keys::Positional(id, to),
+                   [&](absl::string_view key, absl::string_view value) {
+                     absl::StatusOr<Position> pos = keys::DecodePosition(key);
+                     return pos.ok() && fn(*pos, value);
+                   });
+}
+
+absl::StatusOr<std::optional<std::string>> Store::GetRow(absl::string_view id,
+                                                         Position pos) const {
+  std::string value;
+  rocksdb::Status s =
+      db_->Get(rocksdb::ReadOptions(), cfs_.rows, keys::Positional(id, pos), &value);
+  if (s.IsNotFound()) return std::optional<std::string>();
+  RETURN_IF_ERROR(FromRocks(s, "get row"));
+  return std::optional<std::string>(std::move(value));
+}
+
+rocksdb::ColumnFamilyHandle* Store::Family(StagedFamily family) const {
+  switch (family) {
+    case StagedFamily::kReceipts:
+      return cfs_.receipts;
+    case StagedFamily::kQuarantine:
+      return cfs_.quarantine;
+    case StagedFamily::kHolds:
+      return cfs_.holds;
+  }
+  return nullptr;
+}
+
+absl::Status Store::ScanStaged(StagedFamily family, absl::string_view id, Stage stage,
+                               Position from, Position to, const StagedVisitor& fn) const {
+  return ScanRange(Family(family), keys::Staged(id, stage, from), keys::Staged(id, stage, to),
+                   [&](absl::string_view key, absl::string_view value) {
+                     absl::StatusOr<Position> pos = keys::DecodePosition(key);
+                     return pos.ok() && fn(*pos, value);
+                   });
+}
+
+absl::Status Store::ScanAll(StagedFamily family, absl::string_view start_after_key,
+                            const KeyedVisitor& fn) const {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), Family(family)));
+  if (start_after_key.empty()) {
+    it->SeekToFirst();
+  } else {
+    it->Seek(rocksdb::Slice(start_after_key.data(), start_after_key.size()));
+    if (it->Valid() && View(it->key()) == start_after_key) it->Next();
+  }
+  for (; it->Valid(); it->Next()) {
+    if (!fn(View(it->key()), View(it->value()))) break;
+  }
+  return FromRocks(it->status(), "scan all");
+}
+
+absl::StatusOr<std::optional<std::string>> Store::GetStaged(StagedFamily family,
+                                                            absl::string_view id, Stage stage,
+                                                            Position pos) const {
+  std::string value;
+  rocksdb::Status s =
+      db_->Get(rocksdb::ReadOptions(), Family(family), keys::Staged(id, stage, pos), &value);
+  if (s.IsNotFound()) return std::optional<std::string>();
+  RETURN_IF_ERROR(FromRocks(s, "get staged record"));
+  return std::optional<std::string>(std::move(value));
+}
+
+}  // namespace handoff::store

@@ -1,0 +1,205 @@
+// Store: Handoff's RocksDB database (one per process).
+//
+// Layout: the column families of column_families.h with keys from keys.h. The store
+// offers exactly the durable operations the page procedure needs:
+//
+//  * CommitStep: one atomic, synced WriteBatch holding a step's effects, receipts,
+//    holds and the stage's updated checkpoint.
+//  * Fencing: every CommitStep names the checkpoint version its attempt loaded; a page
+//    barrier also names the request cursor and moves (cursor, version) to
+//    (next cursor, version + 1). RocksDB has no compare-and-swap of its own, so the
+//    store serialises read-check-write per source with a mutex (measured faster than a
+//    TransactionDB, see README). If the stored pair differs, the commit is ABORTED and
+//    nothing of it is written: a stale attempt can never overwrite newer progress.
+//
+// Invariants kept here:
+//  * A step is all on disk or none of it (one WriteBatch); with sync, it survives a
+//    crash once CommitStep returns OK.
+//  * The highest finalized and safe marks never decrease.
+//  * Every RocksDB error is returned as an absl::Status (rocks_status.h); after a
+//    failed write the store refuses further writes (FAILED_PRECONDITION) until reopened,
+//    so nothing advances on top of a write whose fate is unknown.
+//
+// Thread-safe.
+#ifndef HANDOFF_STORE_STORE_H_
+#define HANDOFF_STORE_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "handoff/v1/source.pb.h"
+#include "rocksdb/db.h"
+#include "store/column_families.h"
+#include "store/keys.h"
+#include "store/position.h"
+#include "store/records.pb.h"
+#include "store/step_batch.h"
+
+namespace handoff::store {
+
+// The schema this build reads and writes; kept in meta/"schema_version".
+inline constexpr int kSchemaVersion = 1;
+
+struct StoreOptions {
+  // Database directory; created if missing.
+  std::string path;
+  // fsync the WAL on every commit. Only tests and benchmarks of the limit turn it off.
+  bool sync = true;
+  // Tests inject faults through an Env wrapping a FileSystem (fault_injection_fs.h).
+  rocksdb::Env* env = nullptr;
+  // Memtable size per column family (bigger means fewer flushes while ingesting).
+  size_t write_buffer_bytes = 64 << 20;
+  // Block cache shared by all column families.
+  size_t block_cache_bytes = 64 << 20;
+};
+
+// The fence of a write: what the attempt believes the checkpoint is.
+struct Fence {
+  uint64_t expected_version = 0;
+  // Set for a page barrier: the stored resume cursor must equal `expected_cursor`; the
+  // commit sets it to `next_cursor` and the version to expected_version + 1.
+  struct Barrier {
+    std::string expected_cursor;
+    std::string next_cursor;
+  };
+  std::optional<Barrier> barrier;
+};
+
+// Checkpoint fields a step changes (besides a barrier's cursor and version).
+struct CheckpointUpdate {
+  // The new applied position (may go down only through a correction).
+  std::optional<Position> applied;
+  // A correction rewound below every applied event.
+  bool clear_applied = false;
+  std::optional<Mark> finalized;  // kept only if higher than the stored mark
+  std::optional<Mark> safe;       // kept only if higher than the stored mark
+  std::optional<uint64_t> tip;
+  CounterRecord counter_deltas;   // added to the stored counters
+};
+
+// Which staged column family to scan.
+enum class StagedFamily { kReceipts, kQuarantine, kHolds };
+
+class Store {
+ public:
+  // Opens (creating if needed) the database at options.path. Fails with
+  // FAILED_PRECONDITION and a clear message when the directory holds a database of an
+  // unknown schema or is not a Handoff database.
+  static absl::StatusOr<std::unique_ptr<Store>> Open(const StoreOptions& options);
+
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  // ---- Sources ----
+  absl::Status PutSource(const handoff::v1::Source& source);
+  absl::StatusOr<handoff::v1::Source> GetSource(absl::string_view id);
+  // Sources with id > start_after, in id order, at most `limit`.
+  absl::StatusOr<std::vector<handoff::v1::Source>> ListSources(absl::string_view start_after,
+                                                             int limit);
+  // Removes the source and every key it owns in every column family, in one batch.
+  absl::Status DeleteSource(absl::string_view id);
+
+  // ---- Checkpoints ----
+  // NOT_FOUND when the stage has no checkpoint yet.
+  absl::StatusOr<CheckpointRecord> LoadCheckpoint(absl::string_view id, Stage stage);
+
+  // Rebuild: erases the source's rows, receipts, holds, quarantine and outbox, and
+  // writes fresh checkpoints (the version continues above the old one, so any attempt
+  // still in flight is fenced out). `delivery` may be absent.
+  absl::Status ResetSource(absl::string_view id, const CheckpointRecord& ingest,
+                           const std::optional<CheckpointRecord>& delivery);
+
+  // ---- Fenced writes ----
+  std::unique_ptr<StepBatch> NewStep(absl::string_view id) const {
+    return std::make_unique<StepBatch>(&cfs_, id);
+  }
+
+  // Writes `batch` and the checkpoint update of `stage` atomically, synced, if `fence`
+  // holds; returns the new checkpoint. ABORTED (nothing written) when the fence fails;
+  // NOT_FOUND without a checkpoint; UNAVAILABLE on a storage failure.
+  absl::StatusOr<CheckpointRecord> CommitStep(Stage stage, StepBatch* batch,
+                                              const Fence& fence,
+                                              const CheckpointUpdate& update);
+
+  // The page barrier alone: (expected_cursor, expected_version) ->
+  // (next_cursor, expected_version + 1), or ABORTED and nothing changes.
+  absl::StatusOr<CheckpointRecord> CompareAndSwap(absl::string_view id, Stage stage,
+                                                  absl::string_view expected_cursor,
+                                                  uint64_t expected_version,
+                                                  absl::string_view next_cursor);
+
+  // ---- Reads (consistent per call, not across calls) ----
+  // Visits rows of `id` in [from, to] in source order until `fn` returns false.
+  using RowVisitor = std::function<bool(Position, absl::string_view serialized_row)>;
+  absl::Status ScanRows(absl::string_view id, Position from, Position to,
+                        const RowVisitor& fn) const;
+  absl::Status ScanOutbox(absl::string_view id, Position from, Position to,
+                          const RowVisitor& fn) const;
+  absl::StatusOr<std::optional<std::string>> GetRow(absl::string_view id, Position pos) const;
+
+  using StagedVisitor = std::function<bool(Position, absl::string_view value)>;
+  absl::Status ScanStaged(StagedFamily family, absl::string_view id, Stage stage,
+                          Position from, Position to, const StagedVisitor& fn) const;
+  // Visits every hold or quarantine record of every source, from the key after
+  // `start_after_key` (empty: from the start); fn gets the raw key for paging.
+  using KeyedVisitor = std::function<bool(absl::string_view key, absl::string_view value)>;
+  absl::Status ScanAll(StagedFamily family, absl::string_view start_after_key,
+                       const KeyedVisitor& fn) const;
+  absl::StatusOr<std::optional<std::string>> GetStaged(StagedFamily family,
+                                                       absl::string_view id, Stage stage,
+                                                       Position pos) const;
+
+  // OK while writes succeed; the first write failure otherwise (sticky until reopen).
+  absl::Status health() const ABSL_LOCKS_EXCLUDED(health_mu_);
+
+  // Flushes memtables (tests, shutdown).
+  absl::Status Flush();
+
+ private:
+  Store(const StoreOptions& options, rocksdb::DB* db,
+        std::vector<rocksdb::ColumnFamilyHandle*> handles);
+
+  absl::Status CheckSchema();
+  absl::Mutex* SourceLock(absl::string_view id) ABSL_LOCKS_EXCLUDED(locks_mu_);
+  absl::Status Write(rocksdb::WriteBatch* batch, absl::string_view operation)
+      ABSL_LOCKS_EXCLUDED(health_mu_);
+  absl::StatusOr<CheckpointRecord> LoadCheckpointLocked(absl::string_view id, Stage stage);
+  rocksdb::ColumnFamilyHandle* Family(StagedFamily family) const;
+  absl::Status ScanRange(rocksdb::ColumnFamilyHandle* cf, const std::string& begin,
+                         const std::string& end_inclusive,
+                         const std::function<bool(absl::string_view, absl::string_view)>& fn) const;
+
+  // Constant after construction.
+  const StoreOptions options_;
+  std::unique_ptr<rocksdb::DB> db_;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
+  ColumnFamilies cfs_;
+  rocksdb::WriteOptions write_options_;
+
+  // One lock per source serialises its fenced read-check-write.
+  mutable absl::Mutex locks_mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<absl::Mutex>> locks_
+      ABSL_GUARDED_BY(locks_mu_);
+
+  mutable absl::Mutex health_mu_;
+  absl::Status write_failure_ ABSL_GUARDED_BY(health_mu_);
+};
+
+// Hash of a source's identity (provider_url, chain, source, filter): a checkpoint's
+// cursor is only valid under the identity it was written for.
+std::string IdentityHash(const handoff::v1::SourceSpec& spec);
+
+}  // namespace handoff::store
+
+#endif  // HANDOFF_STORE_STORE_H_

@@ -1,0 +1,30 @@
+#include "consumer/backoff.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace handoff::consumer {
+
+Backoff::Backoff(BackoffPolicy policy, uint64_t /*seed*/) : policy_(policy) {
+  if (policy_.initial <= absl::ZeroDuration()) policy_.initial = absl::Milliseconds(1);
+  if (policy_.max < policy_.initial) policy_.max = policy_.initial;
+  if (policy_.multiplier < 1.0) policy_.multiplier = 1.0;
+}
+
+absl::Duration Backoff::Ceiling(int failures) const {
+  double factor = std::pow(policy_.multiplier, std::min(failures, 62));
+  double ms = absl::ToDoubleMilliseconds(policy_.initial) * factor;
+  return std::min(policy_.max, absl::Milliseconds(std::min(ms, 1e12)));
+}
+
+absl::Duration Backoff::Next(std::optional<absl::Duration> requested) {
+  absl::Duration ceiling = Ceiling(failures_);
+  ++failures_;
+  double jittered_ms =
+      absl::Uniform<double>(bitgen_, 0.0, absl::ToDoubleMilliseconds(ceiling));
+  absl::Duration d = std::max(absl::Milliseconds(jittered_ms), policy_.initial / 2);
+  if (requested.has_value()) d = std::max(d, *requested);
+  return d;
+}
+
+}  // namespace handoff::consumer

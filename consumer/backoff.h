@@ -1,0 +1,51 @@
+// The one retry/backoff policy of Handoff: capped exponential backoff with full jitter.
+//
+// Used for every wait the project makes: provider refusals without a retry_after,
+// non-advancing cursors, sink RETRY_LATER without a delay, storage-free retries.
+// A delay the other side asked for (retry_after, Retry-After, a sink's delay) is honoured
+// as a floor: the wait is max(requested, jittered backoff).
+//
+// Thread-compatible.
+#ifndef HANDOFF_CONSUMER_BACKOFF_H_
+#define HANDOFF_CONSUMER_BACKOFF_H_
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/random/random.h"
+#include "absl/time/time.h"
+
+namespace handoff::consumer {
+
+struct BackoffPolicy {
+  absl::Duration initial = absl::Milliseconds(200);
+  absl::Duration max = absl::Seconds(30);
+  double multiplier = 2.0;
+};
+
+class Backoff {
+ public:
+  explicit Backoff(BackoffPolicy policy, uint64_t seed = 0);
+
+  // The delay before the next attempt: uniform in [0, min(max, initial * mult^n)] with
+  // n the number of consecutive failures so far, but never below `requested` nor below
+  // initial / 2 (so a tight loop is impossible).
+  absl::Duration Next(std::optional<absl::Duration> requested = std::nullopt);
+
+  // A success: the next failure starts from `initial` again.
+  void Reset() { failures_ = 0; }
+
+  int failures() const { return failures_; }
+
+  // The un-jittered cap for the attempt number `failures` (exposed for tests).
+  absl::Duration Ceiling(int failures) const;
+
+ private:
+  BackoffPolicy policy_;
+  int failures_ = 0;
+  absl::BitGen bitgen_;
+};
+
+}  // namespace handoff::consumer
+
+#endif  // HANDOFF_CONSUMER_BACKOFF_H_

@@ -1,0 +1,450 @@
+#include "consumer/provider/page_parser.h"
+
+#include <simdjson.h>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string_view>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace handoff::consumer {
+namespace {
+
+namespace dom = simdjson::dom;
+
+constexpr uint64_t kMaxDecimal = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+constexpr uint8_t kNotHex = 0xFF;
+
+struct HexTable {
+  uint8_t value[256];
+  constexpr HexTable() : value() {
+    for (int i = 0; i < 256; ++i) value[i] = kNotHex;
+    for (int i = 0; i < 10; ++i) value['0' + i] = static_cast<uint8_t>(i);
+    for (int i = 0; i < 6; ++i) {
+      value['a' + i] = static_cast<uint8_t>(10 + i);
+      value['A' + i] = static_cast<uint8_t>(10 + i);
+    }
+  }
+};
+constexpr HexTable kHex;
+
+struct HexBadTable {
+  uint8_t value[256];
+  constexpr HexBadTable() : value() {
+    for (int i = 0; i < 256; ++i) value[i] = HexTable().value[i] == kNotHex ? 1 : 0;
+  }
+};
+constexpr HexBadTable kHexBad;
+
+// A field path, rendered only when an error is reported.
+struct Path {
+  const char* field;          // e.g. "logIndex"; nullptr for the item itself
+  int64_t item = -1;          // index in items, or -1 at the page level
+  int64_t sub = -1;           // index in topics, or -1
+  const char* parent = nullptr;  // e.g. "through" for "through.number"
+
+  std::string Render() const {
+    std::string out;
+    if (item >= 0) absl::StrAppend(&out, "items[", item, "]");
+    if (parent != nullptr) absl::StrAppend(&out, out.empty() ? "" : ".", parent);
+    if (field != nullptr) absl::StrAppend(&out, out.empty() ? "" : ".", field);
+    if (sub >= 0) absl::StrAppend(&out, "[", sub, "]");
+    return out;
+  }
+};
+
+absl::Status FieldError(const Path& path, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(path.Render(), ": ", what));
+}
+
+absl::Status JsonError(const Path& path, simdjson::error_code e) {
+  std::string where = path.Render();
+  return absl::InvalidArgumentError(absl::StrCat(where.empty() ? "page" : where,
+                                                 ": invalid JSON (",
+                                                 simdjson::error_message(e), ")"));
+}
+
+// Points [*begin, *begin + *len) at the string of `v` when it is "0x" followed by hex
+// digits and nothing else.
+bool RawHex(dom::element v, const char** begin, size_t* len) {
+  std::string_view s;
+  if (v.get_string().get(s) != simdjson::SUCCESS) return false;
+  if (s.size() < 2 || s[0] != '0' || s[1] != 'x') return false;
+  uint8_t bad = 0;
+  for (size_t i = 2; i < s.size(); ++i) bad |= kHexBad.value[static_cast<uint8_t>(s[i])];
+  if (bad) return false;
+  *begin = s.data();
+  *len = s.size();
+  return true;
+}
+
+// "0x" + exactly `digits` hex digits.
+absl::Status ReadFixedHex(dom::element v, size_t digits, const Path& path, std::string* out) {
+  const char* p;
+  size_t len;
+  if (!RawHex(v, &p, &len) || len != digits + 2) {
+    return FieldError(path, absl::StrCat("expected 0x-prefixed ", digits, " hex digits"));
+  }
+  out->assign(p, len);
+  return absl::OkStatus();
+}
+
+absl::Status ReadHexData(dom::element v, const Path& path, std::string* out) {
+  const char* p;
+  size_t len;
+  if (!RawHex(v, &p, &len) || (len % 2) != 0) {
+    return FieldError(path, "expected 0x-prefixed even-length hex data");
+  }
+  out->assign(p, len);
+  return absl::OkStatus();
+}
+
+// JSON-RPC quantity: "0x" + 1..16 hex digits (leading zeros tolerated).
+absl::Status ReadQuantity(dom::element v, const Path& path, uint64_t* out) {
+  const char* p;
+  size_t len;
+  if (!RawHex(v, &p, &len) || len < 3) return FieldError(path, "expected hex quantity");
+  const char* d = p + 2;
+  size_t n = len - 2;
+  while (n > 1 && *d == '0') {
+    ++d;
+    --n;
+  }
+  if (n > 16) return FieldError(path, "hex quantity exceeds 64 bits");
+  uint64_t value = 0;
+  for (size_t i = 0; i < n; ++i) value = (value << 4) | kHex.value[static_cast<uint8_t>(d[i])];
+  *out = value;
+  return absl::OkStatus();
+}
+
+constexpr const char* kDecimalExpected = "expected decimal number (JSON number or string) up to 2^63-1";
+
+// A decimal page number; `*is_null` is set for a JSON null when `nullable`.
+absl::Status ReadDecimal(dom::element v, const Path& path, bool nullable, uint64_t* out,
+                         bool* is_null) {
+  switch (v.type()) {
+    case dom::element_type::INT64: {
+      int64_t n = 0;
+      if (v.get_int64().get(n) != simdjson::SUCCESS || n < 0) {
+        return FieldError(path, kDecimalExpected);
+      }
+      *out = static_cast<uint64_t>(n);
+      return absl::OkStatus();
+    }
+    case dom::element_type::UINT64: {
+      uint64_t n = 0;
+      if (v.get_uint64().get(n) != simdjson::SUCCESS || n > kMaxDecimal) {
+        return FieldError(path, kDecimalExpected);
+      }
+      *out = n;
+      return absl::OkStatus();
+    }
+    case dom::element_type::STRING: {
+      std::string_view s;
+      if (v.get_string().get(s) != simdjson::SUCCESS || s.empty() || s.size() > 19) {
+        return FieldError(path, kDecimalExpected);
+      }
+      uint64_t n = 0;
+      for (char c : s) {
+        if (c < '0' || c > '9') return FieldError(path, kDecimalExpected);
+        n = n * 10 + static_cast<uint64_t>(c - '0');  // 19 digits cannot overflow uint64
+      }
+      if (n > kMaxDecimal) return FieldError(path, kDecimalExpected);
+      *out = n;
+      return absl::OkStatus();
+    }
+    case dom::element_type::NULL_VALUE:
+      if (nullable) {
+        *is_null = true;
+        return absl::OkStatus();
+      }
+      return FieldError(path, absl::StrCat(kDecimalExpected, ", got null"));
+    default:
+      return FieldError(path, kDecimalExpected);
+  }
+}
+
+// {"number": decimal, "hash": "0x" + 64 hex} or null.
+absl::Status ReadBlockMark(dom::element v, const char* name, std::optional<BlockMarkValue>* out) {
+  Path path{name};
+  if (v.is_null()) {
+    out->reset();
+    return absl::OkStatus();
+  }
+  dom::object obj;
+  if (v.get_object().get(obj) != simdjson::SUCCESS) {
+    return FieldError(path, "expected {\"number\",\"hash\"} object or null");
+  }
+  BlockMarkValue mark;
+  bool have_number = false, have_hash = false;
+  for (dom::key_value_pair f : obj) {
+    std::string_view key = f.key;
+    if (key == "number") {
+      bool unused = false;
+      if (have_number) return FieldError(Path{"number", -1, -1, name}, "duplicate field");
+      absl::Status s = ReadDecimal(f.value, Path{"number", -1, -1, name}, false, &mark.number, &unused);
+      if (!s.ok()) return s;
+      have_number = true;
+    } else if (key == "hash") {
+      if (have_hash) return FieldError(Path{"hash", -1, -1, name}, "duplicate field");
+      absl::Status s = ReadFixedHex(f.value, 64, Path{"hash", -1, -1, name}, &mark.hash);
+      if (!s.ok()) return s;
+      have_hash = true;
+    }
+  }
+  if (!have_number) return FieldError(Path{"number", -1, -1, name}, "missing");
+  if (!have_hash) return FieldError(Path{"hash", -1, -1, name}, "missing");
+  *out = std::move(mark);
+  return absl::OkStatus();
+}
+
+enum ItemField : uint32_t {
+  kAddress = 1 << 0,
+  kTopics = 1 << 1,
+  kData = 1 << 2,
+  kBlockNumber = 1 << 3,
+  kBlockHash = 1 << 4,
+  kTransactionHash = 1 << 5,
+  kTransactionIndex = 1 << 6,
+  kLogIndex = 1 << 7,
+  kRemoved = 1 << 8,
+};
+constexpr uint32_t kRequiredItemFields = kAddress | kTopics | kData | kBlockNumber |
+                                         kBlockHash | kTransactionHash |
+                                         kTransactionIndex | kLogIndex;
+constexpr struct {
+  uint32_t bit;
+  const char* name;
+} kItemFieldNames[] = {
+    {kAddress, "address"},         {kTopics, "topics"},
+    {kData, "data"},               {kBlockNumber, "blockNumber"},
+    {kBlockHash, "blockHash"},     {kTransactionHash, "transactionHash"},
+    {kTransactionIndex, "transactionIndex"}, {kLogIndex, "logIndex"},
+    {kRemoved, "removed"},
+};
+
+absl::Status ReadItem(dom::element v, int64_t index, handoff::v1::EventRow* row) {
+  dom::object obj;
+  if (v.get_object().get(obj) != simdjson::SUCCESS) {
+    return FieldError(Path{nullptr, index}, "expected log object");
+  }
+  uint32_t seen = 0;
+  for (dom::key_value_pair f : obj) {
+    std::string_view key = f.key;
+    uint32_t bit = 0;
+    absl::Status s;
+    uint64_t n = 0;
+    if (key == "address") {
+      bit = kAddress;
+      s = ReadFixedHex(f.value, 40, Path{"address", index}, row->mutable_address());
+    } else if (key == "topics") {
+      bit = kTopics;
+      dom::array topics;
+      if (f.value.get_array().get(topics) != simdjson::SUCCESS) {
+        s = FieldError(Path{"topics", index}, "expected array of 64-hex-digit topics");
+      } else {
+        int64_t j = 0;
+        for (dom::element t : topics) {
+          s = ReadFixedHex(t, 64, Path{"topics", index, j}, row->add_topics());
+          if (!s.ok()) break;
+          ++j;
+        }
+      }
+    } else if (key == "data") {
+      bit = kData;
+      s = ReadHexData(f.value, Path{"data", index}, row->mutable_data());
+    } else if (key == "blockNumber") {
+      bit = kBlockNumber;
+      s = ReadQuantity(f.value, Path{"blockNumber", index}, &n);
+      row->set_block_number(n);
+    } else if (key == "blockHash") {
+      bit = kBlockHash;
+      s = ReadFixedHex(f.value, 64, Path{"blockHash", index}, row->mutable_block_hash());
+    } else if (key == "transactionHash") {
+      bit = kTransactionHash;
+      s = ReadFixedHex(f.value, 64, Path{"transactionHash", index},
+                       row->mutable_transaction_hash());
+    } else if (key == "transactionIndex") {
+      bit = kTransactionIndex;
+      s = ReadQuantity(f.value, Path{"transactionIndex", index}, &n);
+      row->set_transaction_index(n);
+    } else if (key == "logIndex") {
+      bit = kLogIndex;
+      s = ReadQuantity(f.value, Path{"logIndex", index}, &n);
+      row->set_log_index(n);
+    } else if (key == "removed") {
+      bit = kRemoved;
+      bool removed;
+      if (f.value.get_bool().get(removed) != simdjson::SUCCESS) {
+        s = FieldError(Path{"removed", index}, "expected boolean");
+      } else if (removed) {
+        // Reorgs arrive as correction pages; a removed log has no place in a page.
+        s = FieldError(Path{"removed", index}, "removed logs are not allowed in a page");
+      }
+    } else {
+      continue;  // unknown fields are ignored
+    }
+    if (!s.ok()) return s;
+    if (seen & bit) {
+      for (const auto& fn : kItemFieldNames) {
+        if (fn.bit == bit) return FieldError(Path{fn.name, index}, "duplicate field");
+      }
+    }
+    seen |= bit;
+  }
+  if ((seen & kRequiredItemFields) != kRequiredItemFields) {
+    for (const auto& fn : kItemFieldNames) {
+      if ((kRequiredItemFields & fn.bit) && !(seen & fn.bit)) {
+        return FieldError(Path{fn.name, index}, "missing");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+enum PageField : uint32_t {
+  kFrom = 1 << 0,
+  kThrough = 1 << 1,
+  kNext = 1 << 2,
+  kReorg = 1 << 3,
+  kSafe = 1 << 4,
+  kFinalized = 1 << 5,
+  kTip = 1 << 6,
+  kItems = 1 << 7,
+};
+constexpr struct {
+  uint32_t bit;
+  const char* name;
+} kPageFieldNames[] = {
+    {kFrom, "from"}, {kThrough, "through"},     {kNext, "next"}, {kReorg, "reorg"},
+    {kSafe, "safe"}, {kFinalized, "finalized"}, {kTip, "tip"},   {kItems, "items"},
+};
+
+absl::Status ReadPage(dom::element doc, Page* page) {
+  dom::object root;
+  if (doc.get_object().get(root) != simdjson::SUCCESS) {
+    return FieldError(Path{"page"}, "expected JSON object");
+  }
+  uint32_t seen = 0;
+  for (dom::key_value_pair f : root) {
+    std::string_view key = f.key;
+    uint32_t bit = 0;
+    absl::Status s;
+    if (key == "from") {
+      bit = kFrom;
+      bool unused = false;
+      s = ReadDecimal(f.value, Path{"from"}, false, &page->from, &unused);
+    } else if (key == "through") {
+      bit = kThrough;
+      s = ReadBlockMark(f.value, "through", &page->through);
+    } else if (key == "next") {
+      bit = kNext;
+      std::string_view next;
+      if (f.value.get_string().get(next) != simdjson::SUCCESS) {
+        s = FieldError(Path{"next"}, "expected string cursor");
+      } else if (next.empty()) {
+        s = FieldError(Path{"next"}, "empty cursor");
+      } else {
+        page->next.assign(next.data(), next.size());
+      }
+    } else if (key == "reorg") {
+      bit = kReorg;
+      if (f.value.get_bool().get(page->reorg) != simdjson::SUCCESS) {
+        s = FieldError(Path{"reorg"}, "expected boolean");
+      }
+    } else if (key == "safe") {
+      bit = kSafe;
+      s = ReadBlockMark(f.value, "safe", &page->safe);
+    } else if (key == "finalized") {
+      bit = kFinalized;
+      s = ReadBlockMark(f.value, "finalized", &page->finalized);
+    } else if (key == "tip") {
+      bit = kTip;
+      uint64_t tip = 0;
+      bool is_null = false;
+      s = ReadDecimal(f.value, Path{"tip"}, true, &tip, &is_null);
+      if (s.ok()) {
+        if (is_null) {
+          page->tip.reset();
+        } else {
+          page->tip = tip;
+        }
+      }
+    } else if (key == "items") {
+      bit = kItems;
+      dom::array items;
+      if (f.value.get_array().get(items) != simdjson::SUCCESS) {
+        s = FieldError(Path{"items"}, "expected array of logs");
+      } else {
+        int64_t i = 0;
+        page->items.reserve(items.size());
+        for (dom::element item : items) {
+          s = ReadItem(item, i, &page->items.emplace_back());
+          if (!s.ok()) break;
+          ++i;
+        }
+      }
+    } else {
+      continue;
+    }
+    if (!s.ok()) return s;
+    if (seen & bit) {
+      for (const auto& fn : kPageFieldNames) {
+        if (fn.bit == bit) return FieldError(Path{fn.name}, "duplicate field");
+      }
+    }
+    seen |= bit;
+  }
+  for (const auto& fn : kPageFieldNames) {
+    if (!(seen & fn.bit)) return FieldError(Path{fn.name}, "missing");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+struct PageParser::Impl {
+  dom::parser parser;
+  std::string padded;
+
+  // REQUIRES: buffer.capacity() >= buffer.size() + Padding().
+  absl::StatusOr<Page> Run(const std::string& buffer) {
+    dom::element doc;
+    if (auto e = parser.parse(buffer.data(), buffer.size(), false).get(doc)) {
+      return JsonError(Path{}, e);
+    }
+    Page page;
+    absl::Status s = ReadPage(doc, &page);
+    if (!s.ok()) return s;
+    page.wire_bytes = buffer.size();
+    return page;
+  }
+};
+
+PageParser::PageParser() : impl_(std::make_unique<Impl>()) {}
+PageParser::~PageParser() = default;
+
+size_t PageParser::Padding() { return simdjson::SIMDJSON_PADDING; }
+
+absl::StatusOr<Page> PageParser::Parse(absl::string_view json) {
+  std::string& buf = impl_->padded;
+  if (buf.capacity() < json.size() + Padding()) buf.reserve(json.size() + Padding());
+  buf.assign(json.data(), json.size());
+  return impl_->Run(buf);
+}
+
+absl::StatusOr<Page> PageParser::ParseOwned(std::string* json) {
+  if (json->capacity() < json->size() + Padding()) json->reserve(json->size() + Padding());
+  return impl_->Run(*json);
+}
+
+absl::StatusOr<Page> ParsePage(absl::string_view json) {
+  PageParser parser;
+  return parser.Parse(json);
+}
+
+}  // namespace handoff::consumer

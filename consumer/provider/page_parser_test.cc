@@ -1,0 +1,218 @@
+#include "consumer/provider/page_parser.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "gtest/gtest.h"
+
+namespace handoff::consumer {
+namespace {
+
+const std::string kHash(64, 'a');
+const std::string kTopic(64, 'b');
+const std::string kAddr(40, 'c');
+
+std::string Log(const std::string& block, const std::string& log_index) {
+  return absl::StrCat(R"({"address":"0x)", kAddr, R"(","topics":["0x)", kTopic, R"(","0x)",
+                      kTopic, R"("],"data":"0x00ff","blockNumber":")", block,
+                      R"(","blockHash":"0x)", kHash, R"(","transactionHash":"0x)", kHash,
+                      R"(","transactionIndex":"0x3","logIndex":")", log_index,
+                      R"(","removed":false})");
+}
+
+std::string PageJson(const std::string& items) {
+  return absl::StrCat(R"({"from":1200,"through":{"number":1210,"hash":"0x)", kHash,
+                      R"("},"next":"abc","reorg":false,"safe":{"number":"1190","hash":"0x)",
+                      kHash, R"("},"finalized":null,"tip":1300,"items":[)", items, "]}");
+}
+
+std::string ValidPage() { return PageJson(Log("0x4b0", "0x0") + "," + Log("0x4b1", "0x1f")); }
+
+TEST(PageParserTest, ParsesValidPage) {
+  absl::StatusOr<Page> page = ParsePage(ValidPage());
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_EQ(page->from, 1200u);
+  ASSERT_TRUE(page->through.has_value());
+  EXPECT_EQ(page->through->number, 1210u);
+  EXPECT_EQ(page->through->hash, "0x" + kHash);
+  EXPECT_EQ(page->next, "abc");
+  EXPECT_FALSE(page->reorg);
+  ASSERT_TRUE(page->safe.has_value());
+  EXPECT_EQ(page->safe->number, 1190u);
+  EXPECT_FALSE(page->finalized.has_value());
+  EXPECT_EQ(page->tip, 1300u);
+  ASSERT_EQ(page->items.size(), 2u);
+  const auto& row = page->items[1];
+  EXPECT_EQ(row.block_number(), 0x4b1u);
+  EXPECT_EQ(row.log_index(), 0x1fu);
+  EXPECT_EQ(row.transaction_index(), 3u);
+  EXPECT_EQ(row.address(), "0x" + kAddr);
+  EXPECT_EQ(row.block_hash(), "0x" + kHash);
+  EXPECT_EQ(row.transaction_hash(), "0x" + kHash);
+  ASSERT_EQ(row.topics_size(), 2);
+  EXPECT_EQ(row.topics(0), "0x" + kTopic);
+  EXPECT_EQ(row.data(), "0x00ff");
+  EXPECT_EQ(page->wire_bytes, ValidPage().size());
+}
+
+TEST(PageParserTest, ReusedParserAndOwnedBuffer) {
+  PageParser parser;
+  for (int i = 0; i < 3; ++i) {
+    std::string body = ValidPage();
+    absl::StatusOr<Page> page = parser.ParseOwned(&body);
+    ASSERT_TRUE(page.ok()) << page.status();
+    EXPECT_EQ(page->items.size(), 2u);
+    EXPECT_EQ(body, ValidPage());
+  }
+  EXPECT_FALSE(parser.Parse("{").ok());
+  EXPECT_TRUE(parser.Parse(ValidPage()).ok());
+}
+
+TEST(PageParserTest, NullsAndEmptyItems) {
+  std::string json = R"({"from":"7","through":null,"next":"n","reorg":true,"safe":null,)"
+                     R"("finalized":null,"tip":null,"items":[]})";
+  absl::StatusOr<Page> page = ParsePage(json);
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_EQ(page->from, 7u);
+  EXPECT_TRUE(page->reorg);
+  EXPECT_FALSE(page->through.has_value());
+  EXPECT_FALSE(page->safe.has_value());
+  EXPECT_FALSE(page->tip.has_value());
+  EXPECT_TRUE(page->items.empty());
+}
+
+TEST(PageParserTest, LargeNumbers) {
+  std::string json = absl::StrCat(
+      R"({"from":"9223372036854775807","through":{"number":4294967296,"hash":"0x)", kHash,
+      R"("},"next":"n","reorg":false,"safe":null,"finalized":null,"tip":"4294967297","items":[)",
+      Log("0xffffffffffffffff", "0x100000000"), "]}");
+  absl::StatusOr<Page> page = ParsePage(json);
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_EQ(page->from, 9223372036854775807u);
+  EXPECT_EQ(page->through->number, 4294967296u);
+  EXPECT_EQ(page->tip, 4294967297u);
+  EXPECT_EQ(page->items[0].block_number(), 0xffffffffffffffffu);
+  EXPECT_EQ(page->items[0].log_index(), 0x100000000u);
+}
+
+struct BadCase {
+  std::string json;
+  std::string message_prefix;
+};
+
+void ExpectRejected(const BadCase& c) {
+  absl::StatusOr<Page> page = ParsePage(c.json);
+  ASSERT_FALSE(page.ok()) << c.json;
+  EXPECT_EQ(page.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(page.status().message().substr(0, c.message_prefix.size()), c.message_prefix)
+      << page.status().message();
+}
+
+std::string Replace(const std::string& json, const std::string& from, const std::string& to) {
+  std::string out = json;
+  size_t pos = out.find(from);
+  EXPECT_NE(pos, std::string::npos) << from;
+  out.replace(pos, from.size(), to);
+  return out;
+}
+
+TEST(PageParserTest, PageFieldErrorsNameTheField) {
+  std::string v = ValidPage();
+  std::vector<BadCase> cases = {
+      {Replace(v, R"("from":1200)", R"("from":-1)"), "from: expected decimal"},
+      {Replace(v, R"("from":1200)", R"("from":1.5)"), "from: expected decimal"},
+      {Replace(v, R"("from":1200)", R"("from":"9223372036854775808")"), "from: expected"},
+      {Replace(v, R"("from":1200)", R"("from":9223372036854775808)"), "from: expected"},
+      {Replace(v, R"("from":1200)", R"("from":"12a")"), "from: expected"},
+      {Replace(v, R"("from":1200)", R"("from":"")"), "from: expected"},
+      {Replace(v, R"("from":1200)", R"("from":null)"), "from: expected"},
+      {Replace(v, R"("from":1200,)", ""), "from: missing"},
+      {Replace(v, R"("next":"abc")", R"("next":5)"), "next: expected string"},
+      {Replace(v, R"("next":"abc",)", ""), "next: missing"},
+      {Replace(v, R"("reorg":false)", R"("reorg":"no")"), "reorg: expected boolean"},
+      {Replace(v, R"("reorg":false,)", ""), "reorg: missing"},
+      {Replace(v, R"("tip":1300)", R"("tip":"x")"), "tip: expected decimal"},
+      {Replace(v, R"("tip":1300,)", ""), "tip: missing"},
+      {Replace(v, R"("finalized":null,)", ""), "finalized: missing"},
+      {Replace(v, R"("finalized":null)", R"("finalized":5)"), "finalized: expected"},
+      {Replace(v, R"("number":1210)", R"("number":"x")"), "through.number: expected"},
+      {Replace(v, R"("number":1210,)", ""), "through.number: missing"},
+      {Replace(v, R"({"number":1210,"hash":"0x)", R"({"number":1210,"hash":"0xz)"),
+       "through.hash: expected"},
+      {Replace(v, R"("number":"1190","hash":"0x)" + kHash + "\"", R"("number":"1190")"),
+       "safe.hash: missing"},
+      {Replace(v, R"("through":{)", R"("through":"x","t2":{)"), "through: expected"},
+      {PageJson(""), ""},  // valid: empty items
+      {Replace(v, R"("items":[)", R"("items":{"a":[)") + "}", "items: expected array"},
+      {v + "x", "page: "},
+      {v.substr(0, v.size() - 1), ""},
+      {"[]", "page: expected JSON object"},
+      {"", "page: invalid JSON"},
+  };
+  for (const auto& c : cases) {
+    if (c.message_prefix.empty() && c.json == PageJson("")) {
+      EXPECT_TRUE(ParsePage(c.json).ok());
+      continue;
+    }
+    ExpectRejected(c);
+  }
+}
+
+TEST(PageParserTest, ItemFieldErrorsNameTheField) {
+  std::string good = Log("0x1", "0x2");
+  auto page_with_third = [&](const std::string& item) {
+    return PageJson(good + "," + good + "," + good + "," + item);
+  };
+  std::vector<std::pair<std::string, std::string>> edits = {
+      {R"("logIndex":"0x2")", R"("logIndex":2)"},
+      {R"("logIndex":"0x2")", R"("logIndex":"0x")"},
+      {R"("logIndex":"0x2")", R"("logIndex":"2")"},
+      {R"("logIndex":"0x2")", R"("logIndex":"0x1g")"},
+      {R"("logIndex":"0x2")", R"("logIndex":"0x10000000000000000")"},
+      {R"("logIndex":"0x2",)", ""},
+      {R"("blockNumber":"0x1")", R"("blockNumber":null)"},
+      {R"("blockNumber":"0x1",)", ""},
+      {R"("transactionIndex":"0x3")", R"("transactionIndex":"0X3")"},
+      {R"("address":"0x)" + kAddr, R"("address":"0x)" + kAddr + "0"},
+      {R"("address":"0x)" + kAddr, R"("address":"0x)" + kAddr.substr(1)},
+      {R"("data":"0x00ff")", R"("data":"0x0ff")"},
+      {R"("data":"0x00ff")", R"("data":"00ff")"},
+      {R"("data":"0x00ff",)", ""},
+      {R"("blockHash":"0x)" + kHash, R"("blockHash":"0x)" + kHash.substr(2) + "\\u0067a"},
+      {R"("transactionHash":"0x)", R"("transactionHash":"0x0)"},
+      {R"("topics":[)", R"("topics":"x","y":[)"},
+      {R"("removed":false)", R"("removed":true)"},
+      {R"("removed":false)", R"("removed":0)"},
+  };
+  std::vector<std::string> fields = {
+      "logIndex", "logIndex", "logIndex",        "logIndex",  "logIndex", "logIndex",
+      "blockNumber", "blockNumber", "transactionIndex", "address", "address", "data",
+      "data",     "data",     "blockHash",       "transactionHash", "topics", "removed",
+      "removed"};
+  ASSERT_EQ(edits.size(), fields.size());
+  for (size_t i = 0; i < edits.size(); ++i) {
+    std::string item = Replace(good, edits[i].first, edits[i].second);
+    ExpectRejected({page_with_third(item), "items[3]." + fields[i] + ": "});
+  }
+  // A bad topic is named with its index.
+  std::string bad_topic =
+      Replace(good, R"(","0x)" + kTopic + "\"]", R"(","0x)" + kTopic.substr(1) + "\"]");
+  ExpectRejected({page_with_third(bad_topic), "items[3].topics[1]: expected"});
+  ExpectRejected({PageJson(good + ",5"), "items[1]: expected log object"});
+  // Unknown fields are ignored.
+  EXPECT_TRUE(ParsePage(PageJson(Replace(good, "{", R"({"extra":{"a":[1,2]},)"))).ok());
+  EXPECT_TRUE(ParsePage(Replace(ValidPage(), "{", R"({"extra":[true],)")).ok());
+  // Missing removed is fine; upper-case hex digits are fine.
+  EXPECT_TRUE(ParsePage(PageJson(Replace(good, R"(,"removed":false)", ""))).ok());
+  EXPECT_TRUE(ParsePage(PageJson(Replace(good, R"("0x00ff")", R"("0xABCD")"))).ok());
+  EXPECT_TRUE(ParsePage(PageJson(Replace(good, R"("0x00ff")", R"("0x")"))).ok());
+}
+
+TEST(PageParserTest, DuplicateFieldsRejected) {
+  ExpectRejected({Replace(ValidPage(), R"("from":1200)", R"("from":1200,"from":1201)"),
+                  "from: duplicate field"});
+}
+
+}  // namespace
+}  // namespace handoff::consumer

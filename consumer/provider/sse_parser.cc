@@ -1,0 +1,140 @@
+#include "consumer/provider/sse_parser.h"
+
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace handoff::consumer {
+
+SseParser::SseParser(size_t max_frame_bytes) : max_frame_bytes_(max_frame_bytes) {}
+
+absl::Status SseParser::Fail() {
+  failed_ = true;
+  line_.clear();
+  line_.shrink_to_fit();
+  data_.clear();
+  data_.shrink_to_fit();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("SSE frame exceeds ", max_frame_bytes_, " bytes"));
+}
+
+absl::Status SseParser::Feed(absl::string_view chunk, const FrameCallback& on_frame) {
+  if (failed_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("SSE frame exceeds ", max_frame_bytes_, " bytes"));
+  }
+  const char* const begin = chunk.data();
+  const size_t n = chunk.size();
+  size_t pos = 0;
+  if (n > 0 && skip_lf_) {
+    skip_lf_ = false;
+    if (begin[0] == '\n') pos = 1;
+  }
+  // Positions of the next CR and LF at or after `pos` (n when none): each memchr scans a
+  // byte at most once per Feed, so the work is linear even for many short lines.
+  size_t next_cr = 0, next_lf = 0;
+  bool cr_valid = false, lf_valid = false;
+  while (pos < n) {
+    if (!cr_valid || next_cr < pos) {
+      const void* p = std::memchr(begin + pos, '\r', n - pos);
+      next_cr = p ? static_cast<size_t>(static_cast<const char*>(p) - begin) : n;
+      cr_valid = true;
+    }
+    if (!lf_valid || next_lf < pos) {
+      const void* p = std::memchr(begin + pos, '\n', n - pos);
+      next_lf = p ? static_cast<size_t>(static_cast<const char*>(p) - begin) : n;
+      lf_valid = true;
+    }
+    const size_t eol = next_cr < next_lf ? next_cr : next_lf;
+    const size_t len = eol - pos;
+    if (Retained() + line_.size() + len > max_frame_bytes_) return Fail();
+    if (eol == n) {
+      line_.append(begin + pos, len);
+      break;
+    }
+    if (line_.empty()) {
+      ProcessLine(absl::string_view(begin + pos, len), on_frame);
+    } else {
+      line_.append(begin + pos, len);
+      ProcessLine(line_, on_frame);
+      line_.clear();
+    }
+    if (begin[eol] == '\r') {
+      if (eol + 1 == n) {
+        skip_lf_ = true;
+        pos = n;
+      } else {
+        pos = begin[eol + 1] == '\n' ? eol + 2 : eol + 1;
+      }
+    } else {
+      pos = eol + 1;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void SseParser::ProcessLine(absl::string_view line, const FrameCallback& on_frame) {
+  if (line.empty()) {
+    if (any_field_) {
+      SseFrame frame;
+      frame.id = std::move(id_);
+      frame.has_id = has_id_;
+      frame.event = std::move(event_);
+      frame.data = std::move(data_);
+      frame.has_data = has_data_;
+      frame.retry_ms = retry_ms_;
+      on_frame(std::move(frame));
+    }
+    id_.clear();
+    event_.clear();
+    data_.clear();
+    has_id_ = has_data_ = any_field_ = false;
+    retry_ms_.reset();
+    return;
+  }
+  if (line[0] == ':') return;  // comment
+  absl::string_view name = line, value;
+  size_t colon = line.find(':');
+  if (colon != absl::string_view::npos) {
+    name = line.substr(0, colon);
+    value = line.substr(colon + 1);
+    if (!value.empty() && value[0] == ' ') value.remove_prefix(1);
+  }
+  if (name == "data") {
+    if (has_data_) data_.push_back('\n');
+    data_.append(value.data(), value.size());
+    has_data_ = true;
+  } else if (name == "event") {
+    event_.assign(value.data(), value.size());
+  } else if (name == "id") {
+    if (value.find('\0') != absl::string_view::npos) return;  // ignored, as in the spec
+    id_.assign(value.data(), value.size());
+    has_id_ = true;
+  } else if (name == "retry") {
+    if (value.empty() || value.size() > 18) return;
+    int64_t ms = 0;
+    for (char c : value) {
+      if (c < '0' || c > '9') return;
+      ms = ms * 10 + (c - '0');
+    }
+    retry_ms_ = ms;
+  } else {
+    return;  // unknown field
+  }
+  any_field_ = true;
+}
+
+bool SseParser::HasPartialFrame() const { return !line_.empty() || any_field_; }
+
+void SseParser::Reset() {
+  line_.clear();
+  skip_lf_ = failed_ = any_field_ = has_id_ = has_data_ = false;
+  id_.clear();
+  event_.clear();
+  data_.clear();
+  retry_ms_.reset();
+}
+
+}  // namespace handoff::consumer

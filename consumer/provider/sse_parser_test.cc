@@ -1,0 +1,151 @@
+#include "consumer/provider/sse_parser.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace handoff::consumer {
+namespace {
+
+struct Collected {
+  std::vector<SseFrame> frames;
+  SseParser::FrameCallback Callback() {
+    return [this](SseFrame&& f) { frames.push_back(std::move(f)); };
+  }
+};
+
+std::string Describe(const SseFrame& f) {
+  std::string out = "id=" + (f.has_id ? f.id : std::string("<none>")) + " event=" + f.event +
+                    " data=" + (f.has_data ? f.data : std::string("<none>"));
+  if (f.retry_ms) out += " retry=" + std::to_string(*f.retry_ms);
+  return out;
+}
+
+std::vector<std::string> Parse(const std::vector<std::string>& chunks, size_t max = 1 << 20) {
+  SseParser parser(max);
+  Collected c;
+  for (const auto& chunk : chunks) EXPECT_TRUE(parser.Feed(chunk, c.Callback()).ok());
+  std::vector<std::string> out;
+  for (const auto& f : c.frames) out.push_back(Describe(f));
+  return out;
+}
+
+// Every feature at once; LF, CRLF and CR endings mixed.
+const char kStream[] =
+    ": comment line\n"
+    "id: c1\n"
+    "data: {\"a\":1}\n"
+    "\n"
+    "id:c2\r\n"
+    "data: line one\r\n"
+    "data:line two\r\n"
+    "data\r\n"
+    "\r\n"
+    "event: error\r"
+    "data: {\"error\":\"chain_unavailable\",\"retry_after\":5}\r"
+    "retry: 60000\r"
+    "\r"
+    "unknown: field\n"
+    ": only comments and unknown fields do not dispatch\n"
+    "\n"
+    "retry: soon\n"
+    "id: has\0nul\n"
+    "data:  two spaces\n"
+    "\n"
+    "id: trailing\n"
+    "data: incomplete frame";
+
+const std::vector<std::string> kExpected = {
+    "id=c1 event= data={\"a\":1}",
+    "id=c2 event= data=line one\nline two\n",
+    "id=<none> event=error data={\"error\":\"chain_unavailable\",\"retry_after\":5} retry=60000",
+    "id=<none> event= data= two spaces",
+};
+
+std::string Stream() { return std::string(kStream, sizeof(kStream) - 1); }
+
+TEST(SseParserTest, WholeStream) { EXPECT_EQ(Parse({Stream()}), kExpected); }
+
+TEST(SseParserTest, SplitAtEveryOffset) {
+  const std::string s = Stream();
+  for (size_t i = 0; i <= s.size(); ++i) {
+    EXPECT_EQ(Parse({s.substr(0, i), s.substr(i)}), kExpected) << "split at " << i;
+  }
+}
+
+TEST(SseParserTest, SplitAtEveryPairOfOffsets) {
+  const std::string s = Stream();
+  for (size_t i = 0; i <= s.size(); ++i) {
+    for (size_t j = i; j <= s.size(); j += 3) {
+      ASSERT_EQ(Parse({s.substr(0, i), s.substr(i, j - i), s.substr(j)}), kExpected)
+          << "split at " << i << "," << j;
+    }
+  }
+}
+
+TEST(SseParserTest, ByteByByte) {
+  const std::string s = Stream();
+  std::vector<std::string> chunks;
+  for (char c : s) chunks.emplace_back(1, c);
+  EXPECT_EQ(Parse(chunks), kExpected);
+}
+
+TEST(SseParserTest, CrLfSplitAcrossChunksIsOneLineEnding) {
+  // "data: x\r" | "\n" | "\n": CRLF then LF: one frame, not two blank lines.
+  EXPECT_EQ(Parse({"data: x\r", "\n", "data: y\r", "\n", "\r\n"}),
+            std::vector<std::string>{"id=<none> event= data=x\ny"});
+  // CR CR: the second CR is a blank line.
+  EXPECT_EQ(Parse({"data: x\r", "\r"}), std::vector<std::string>{"id=<none> event= data=x"});
+}
+
+TEST(SseParserTest, IncompleteTrailingFrameIsReportedAndDiscarded) {
+  SseParser parser(1024);
+  Collected c;
+  ASSERT_TRUE(parser.Feed("id: 1\ndata: {}\n\nid: 2\ndata: {\"trunc", c.Callback()).ok());
+  EXPECT_EQ(c.frames.size(), 1u);
+  EXPECT_TRUE(parser.HasPartialFrame());
+  parser.Reset();
+  EXPECT_FALSE(parser.HasPartialFrame());
+  ASSERT_TRUE(parser.Feed("\n\n", c.Callback()).ok());  // nothing left to dispatch
+  EXPECT_EQ(c.frames.size(), 1u);
+  // A complete line without its blank line is still partial.
+  ASSERT_TRUE(parser.Feed("data: x\n", c.Callback()).ok());
+  EXPECT_TRUE(parser.HasPartialFrame());
+}
+
+TEST(SseParserTest, OversizedFrameIsAnErrorWithoutBuffering) {
+  SseParser parser(100);
+  Collected c;
+  ASSERT_TRUE(parser.Feed("data: small\n\n", c.Callback()).ok());
+  std::string big(64, 'x');
+  ASSERT_TRUE(parser.Feed("data: " + big, c.Callback()).ok());
+  absl::Status s = parser.Feed(big, c.Callback());
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(parser.Feed("\n\n", c.Callback()).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(c.frames.size(), 1u);
+  parser.Reset();
+  ASSERT_TRUE(parser.Feed("data: ok\n\n", c.Callback()).ok());
+  EXPECT_EQ(c.frames.size(), 2u);
+  // Many data lines adding up past the limit fail too.
+  SseParser lines(100);
+  absl::Status st;
+  for (int i = 0; i < 20 && st.ok(); ++i) st = lines.Feed("data: 0123456789\n", c.Callback());
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(SseParserTest, LargeFrameInSmallChunks) {
+  std::string payload(300000, 'p');
+  std::string s = "id: big\ndata: " + payload + "\n\n";
+  SseParser parser(1 << 20);
+  Collected c;
+  for (size_t i = 0; i < s.size(); i += 4096) {
+    ASSERT_TRUE(parser.Feed(s.substr(i, 4096), c.Callback()).ok());
+  }
+  ASSERT_EQ(c.frames.size(), 1u);
+  EXPECT_EQ(c.frames[0].data, payload);
+  EXPECT_EQ(c.frames[0].id, "big");
+}
+
+}  // namespace
+}  // namespace handoff::consumer

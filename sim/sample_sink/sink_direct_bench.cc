@@ -4,11 +4,13 @@
 // durable new record (one sync per Apply call, one per ApplyBatch call). Prints one JSON
 // object on stdout. The baseline Handoff's delivery benchmarks compare against.
 //
-// By default it starts an in-process SampleSink on a fresh table under --db_path (or
-// TEST_TMPDIR, or /tmp); with --target it measures a running sink instead.
+// By default it starts an in-process SampleSink on a fresh table at --db_path (or a
+// scratch folder under TEST_TMPDIR or /tmp, removed afterwards); with --target it
+// measures a running sink instead.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -69,12 +71,14 @@ int main(int argc, char** argv) {
   const std::string run = absl::StrCat(absl::ToUnixMicros(absl::Now()));
 
   std::unique_ptr<handoff::sim::SampleSink> sink;
+  std::string scratch_db;  // a table this run created and removes at the end
   std::string target = absl::GetFlag(FLAGS_target);
   if (target.empty()) {
     std::string db = absl::GetFlag(FLAGS_db_path);
     if (db.empty()) {
       const char* tmp = std::getenv("TEST_TMPDIR");
       db = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/sink_direct_bench-", run);
+      scratch_db = db;
     }
     handoff::sim::SampleSink::Options options;
     options.core.db_path = db;
@@ -144,6 +148,10 @@ int main(int argc, char** argv) {
               target.c_str(), sink != nullptr ? "true" : "false",
               absl::GetFlag(FLAGS_sync) ? "true" : "false", absl::GetFlag(FLAGS_batch_size),
               single.Json("single").c_str(), batch.Json("batch").c_str());
-  if (sink != nullptr) sink->Stop();
+  sink.reset();  // closes the table
+  if (!scratch_db.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(scratch_db, ignored);
+  }
   return single.errors + batch.errors == 0 ? 0 : 1;
 }

@@ -1,0 +1,261 @@
+#include "consumer/sinks/grpc_event_sink.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace handoff::consumer {
+namespace {
+
+using handoff::v1::ApplyRequest;
+using handoff::v1::ApplyResponse;
+
+SinkAnswer TransportError(std::string message) {
+  SinkAnswer answer;
+  answer.kind = SinkAnswer::Kind::kTransportError;
+  answer.message = std::move(message);
+  return answer;
+}
+
+std::string Describe(absl::string_view rpc, const grpc::Status& s) {
+  // grpc::StatusCode and absl::StatusCode share their numbering.
+  return absl::StrCat(rpc, ": ",
+                      absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())),
+                      ": ", s.error_message());
+}
+
+// The sink's stated outcome for one event, as a SinkAnswer.
+SinkAnswer ToAnswer(const ApplyResponse& response) {
+  SinkAnswer answer;
+  answer.message = response.message();
+  switch (response.outcome()) {
+    case handoff::v1::APPLY_OUTCOME_APPLIED:
+      answer.kind = SinkAnswer::Kind::kApplied;
+      break;
+    case handoff::v1::APPLY_OUTCOME_ALREADY_APPLIED:
+      answer.kind = SinkAnswer::Kind::kAlreadyApplied;
+      break;
+    case handoff::v1::APPLY_OUTCOME_IGNORED:
+      answer.kind = SinkAnswer::Kind::kIgnored;
+      break;
+    case handoff::v1::APPLY_OUTCOME_RETRY_LATER:
+      answer.kind = SinkAnswer::Kind::kRetryLater;
+      break;
+    case handoff::v1::APPLY_OUTCOME_REJECTED:
+      answer.kind = SinkAnswer::Kind::kRejected;
+      break;
+    case handoff::v1::APPLY_OUTCOME_NEEDS_REVIEW:
+      answer.kind = SinkAnswer::Kind::kNeedsReview;
+      break;
+    default:
+      // Not an outcome we know: never a receipt.
+      return TransportError(absl::StrCat("sink answered unknown outcome ",
+                                         static_cast<int>(response.outcome()), ": ",
+                                         response.message()));
+  }
+  if (response.retry_after_ms() > 0) {
+    answer.retry_after = absl::Milliseconds(response.retry_after_ms());
+  }
+  return answer;
+}
+
+void Fill(absl::string_view source_id, const Delivery& delivery, ApplyRequest* request) {
+  request->set_source_id(std::string(source_id.data(), source_id.size()));
+  request->set_idempotency_key(delivery.idempotency_key);
+  *request->mutable_event() = *delivery.row;
+  request->set_finality(delivery.finality);
+}
+
+absl::Status CheckOptions(const GrpcEventSinkOptions& options) {
+  if (options.target.empty()) return absl::InvalidArgumentError("downstream sink: no target");
+  if (options.deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("downstream sink: deadline must be positive");
+  }
+  if (options.max_batch < 1 || options.max_batch > GrpcEventSink::kMaxBatchLimit) {
+    return absl::InvalidArgumentError(absl::StrCat("downstream sink: max_batch must be in 1..",
+                                                   GrpcEventSink::kMaxBatchLimit));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GrpcEventSink>> GrpcEventSink::Create(
+    GrpcEventSinkOptions options) {
+  absl::Status s = CheckOptions(options);
+  if (!s.ok()) return s;
+  grpc::ChannelArguments args;
+  const int max_backoff_ms =
+      std::max<int>(1, static_cast<int>(absl::ToInt64Milliseconds(options.max_reconnect_backoff)));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_backoff_ms);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(100, max_backoff_ms));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::min(100, max_backoff_ms));
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials();
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(options.target, credentials, args);
+  return std::make_unique<GrpcEventSink>(std::move(channel), std::move(options));
+}
+
+GrpcEventSink::GrpcEventSink(std::shared_ptr<grpc::Channel> channel,
+                             GrpcEventSinkOptions options)
+    : channel_(std::move(channel)),
+      stub_(handoff::v1::EventSink::NewStub(channel_)),
+      deadline_(options.deadline),
+      max_batch_(std::clamp(options.max_batch, 1, kMaxBatchLimit)),
+      per_event_(!options.batch) {}
+
+GrpcEventSink::~GrpcEventSink() = default;
+
+int GrpcEventSink::max_batch() const { return per_event_.load() ? 1 : max_batch_; }
+
+void GrpcEventSink::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  for (grpc::ClientContext* ctx : in_flight_) ctx->TryCancel();
+}
+
+bool GrpcEventSink::Register(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return false;
+  in_flight_.insert(ctx);
+  return true;
+}
+
+void GrpcEventSink::Unregister(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&mu_);
+  in_flight_.erase(ctx);
+}
+
+std::vector<SinkAnswer> GrpcEventSink::Deliver(absl::string_view source_id,
+                                               absl::Span<const Delivery> deliveries) {
+  std::vector<SinkAnswer> answers(deliveries.size());
+  for (const Delivery& d : deliveries) {
+    if (d.row == nullptr) {
+      for (SinkAnswer& a : answers) a = TransportError("delivery without an event row");
+      return answers;
+    }
+  }
+  // Answers [from, end) as not sent, after a transport failure at an earlier event.
+  auto not_sent = [&](size_t from, const std::string& why) {
+    for (size_t j = from; j < answers.size(); ++j) {
+      answers[j] = TransportError(absl::StrCat("not sent: an earlier call failed (", why, ")"));
+    }
+  };
+  size_t i = 0;
+  while (i < deliveries.size()) {
+    if (!per_event_.load()) {
+      const size_t end = std::min(deliveries.size(), i + static_cast<size_t>(max_batch_));
+      handoff::v1::ApplyBatchRequest request;
+      for (size_t j = i; j < end; ++j) Fill(source_id, deliveries[j], request.add_events());
+      std::vector<SinkAnswer> chunk;
+      const BatchResult result = CallApplyBatch(request, &chunk);
+      if (result == BatchResult::kUnimplemented) {
+        per_event_.store(true);  // re-send this chunk one by one
+        continue;
+      }
+      std::move(chunk.begin(), chunk.end(), answers.begin() + i);
+      if (result == BatchResult::kFailed) {
+        not_sent(end, answers[i].message);
+        return answers;
+      }
+      if (result == BatchResult::kShort) {
+        // The sink stopped early: later events must not overtake the unanswered ones.
+        not_sent(end, "short ApplyBatch response");
+        return answers;
+      }
+      i = end;
+    } else {
+      ApplyRequest request;
+      Fill(source_id, deliveries[i], &request);
+      if (!CallApply(request, &answers[i])) {
+        not_sent(i + 1, answers[i].message);
+        return answers;
+      }
+      ++i;
+    }
+  }
+  return answers;
+}
+
+bool GrpcEventSink::CallApply(const ApplyRequest& request, SinkAnswer* answer) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+  if (!Register(&ctx)) {
+    *answer = TransportError("sink cancelled");
+    return false;
+  }
+  ApplyResponse response;
+  const grpc::Status s = stub_->Apply(&ctx, request, &response);
+  Unregister(&ctx);
+  if (!s.ok()) {
+    *answer = TransportError(Describe("Apply", s));
+    return false;
+  }
+  *answer = ToAnswer(response);
+  return true;
+}
+
+GrpcEventSink::BatchResult GrpcEventSink::CallApplyBatch(
+    const handoff::v1::ApplyBatchRequest& request, std::vector<SinkAnswer>* answers) {
+  const size_t n = request.events_size();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+  if (!Register(&ctx)) {
+    answers->assign(n, TransportError("sink cancelled"));
+    return BatchResult::kFailed;
+  }
+  handoff::v1::ApplyBatchResponse response;
+  const grpc::Status s = stub_->ApplyBatch(&ctx, request, &response);
+  Unregister(&ctx);
+  if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) return BatchResult::kUnimplemented;
+  if (!s.ok()) {
+    answers->assign(n, TransportError(Describe("ApplyBatch", s)));
+    return BatchResult::kFailed;
+  }
+  answers->clear();
+  answers->reserve(n);
+  for (size_t j = 0; j < n; ++j) {
+    if (j < static_cast<size_t>(response.results_size())) {
+      answers->push_back(ToAnswer(response.results(j)));
+    } else {
+      answers->push_back(TransportError(absl::StrCat(
+          "missing from the ApplyBatch response (", response.results_size(), " of ", n, ")")));
+    }
+  }
+  return static_cast<size_t>(response.results_size()) < n ? BatchResult::kShort
+                                                          : BatchResult::kAnswered;
+}
+
+absl::StatusOr<std::unique_ptr<ExternalSink>> MakeExternalSink(
+    const handoff::v1::SourceSpec& spec) {
+  return MakeExternalSink(spec, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<ExternalSink>> MakeExternalSink(
+    const handoff::v1::SourceSpec& spec,
+    std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  if (spec.sink().kind_case() != handoff::v1::SinkSpec::kDownstream) {
+    return std::unique_ptr<ExternalSink>();  // local rows: no external effect
+  }
+  const handoff::v1::SinkSpec::Downstream& d = spec.sink().downstream();
+  GrpcEventSinkOptions options;
+  options.target = d.target();
+  if (d.deadline_ms() > 0) options.deadline = absl::Milliseconds(d.deadline_ms());
+  options.batch = d.batch();
+  if (d.max_batch() > 0) {
+    options.max_batch = static_cast<int>(
+        std::min<uint32_t>(d.max_batch(), GrpcEventSink::kMaxBatchLimit + 1));
+  }
+  options.credentials = std::move(credentials);
+  absl::StatusOr<std::unique_ptr<GrpcEventSink>> sink = GrpcEventSink::Create(std::move(options));
+  if (!sink.ok()) {
+    return absl::Status(sink.status().code(),
+                        absl::StrCat("source ", spec.id(), ": ", sink.status().message()));
+  }
+  return std::unique_ptr<ExternalSink>(*std::move(sink));
+}
+
+}  // namespace handoff::consumer

@@ -1,0 +1,124 @@
+// GrpcEventSink: the ExternalSink that delivers events to a downstream service
+// implementing handoff.v1.EventSink over one gRPC channel.
+//
+// Model: each Deliver() sends the deliveries in source order, as ApplyBatch calls of at
+// most max_batch events when batching is on (and the sink implements it), else one Apply
+// per event. Every RPC has its own deadline. The sink's outcome becomes the SinkAnswer
+// kind one to one; anything that is not an outcome the sink stated for that event is
+// kTransportError, never a receipt:
+//   * an RPC that failed (DEADLINE_EXCEEDED, UNAVAILABLE, a lost connection, Cancel(), any
+//     other gRPC error, including UNIMPLEMENTED for Apply);
+//   * an event missing from a short ApplyBatch response (event_sink.proto counts these as
+//     RETRY_LATER; Handoff treats them as transport errors so they never use up attempts);
+//   * an unknown or UNSPECIFIED outcome;
+//   * the events after a failed RPC or a short response: they are not sent (the call stops
+//     there, so later events never overtake an earlier one that failed).
+// ApplyBatch answered UNIMPLEMENTED switches this sink to Apply for good (the same events
+// are re-sent one by one; max_batch() becomes 1).
+//
+// Thread-compatible for Deliver (one worker at a time); Cancel() and max_batch() may be
+// called from any thread. Cancel() is final: in-flight RPCs are cancelled and every later
+// Deliver answers kTransportError at once, without sending.
+#ifndef HANDOFF_CONSUMER_SINKS_GRPC_EVENT_SINK_H_
+#define HANDOFF_CONSUMER_SINKS_GRPC_EVENT_SINK_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "consumer/sink.h"
+#include "grpcpp/grpcpp.h"
+#include "handoff/v1/event_sink.grpc.pb.h"
+
+namespace handoff::consumer {
+
+struct GrpcEventSinkOptions {
+  // gRPC target, e.g. "dns:///ledger.svc:8443" or "127.0.0.1:9000". Required.
+  std::string target;
+  // Deadline of every RPC (Apply or one ApplyBatch chunk).
+  absl::Duration deadline = absl::Milliseconds(5000);
+  // Use ApplyBatch, in chunks of at most max_batch events (1..kMaxBatchLimit).
+  bool batch = false;
+  int max_batch = 256;
+  // Channel credentials; null means insecure (plaintext).
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Cap of the channel's reconnect backoff, so a restarted sink is found again quickly
+  // (gRPC's default grows to 120 s).
+  absl::Duration max_reconnect_backoff = absl::Seconds(1);
+};
+
+class GrpcEventSink final : public ExternalSink {
+ public:
+  static constexpr int kMaxBatchLimit = 10000;
+
+  // Checks the options and creates the channel (connection is lazy: an unreachable
+  // target shows up as kTransportError answers, not here). INVALID_ARGUMENT on bad options.
+  static absl::StatusOr<std::unique_ptr<GrpcEventSink>> Create(GrpcEventSinkOptions options);
+
+  // Over an existing channel (tests, shared channels). `options.target` and
+  // `credentials` are ignored. REQUIRES: options valid (as Create checks).
+  GrpcEventSink(std::shared_ptr<grpc::Channel> channel, GrpcEventSinkOptions options);
+
+  GrpcEventSink(const GrpcEventSink&) = delete;
+  GrpcEventSink& operator=(const GrpcEventSink&) = delete;
+  ~GrpcEventSink() override;
+
+  std::vector<SinkAnswer> Deliver(absl::string_view source_id,
+                                  absl::Span<const Delivery> deliveries) override;
+  int max_batch() const override;
+  void Cancel() override;
+
+ private:
+  // One Apply RPC. Returns false on a transport failure (`answer` says why).
+  bool CallApply(const handoff::v1::ApplyRequest& request, SinkAnswer* answer);
+  enum class BatchResult {
+    kAnswered,       // one outcome per event
+    kShort,          // a prefix answered; the rest are kTransportError
+    kFailed,         // the RPC failed; all are kTransportError
+    kUnimplemented,  // the sink has no ApplyBatch; `answers` untouched
+  };
+  // One ApplyBatch RPC; fills one answer per event of `request` (except kUnimplemented).
+  BatchResult CallApplyBatch(const handoff::v1::ApplyBatchRequest& request,
+                             std::vector<SinkAnswer>* answers);
+
+  // Registers `ctx` for Cancel(), or returns false if already cancelled.
+  bool Register(grpc::ClientContext* ctx);
+  void Unregister(grpc::ClientContext* ctx);
+
+  // Constant after construction.
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<handoff::v1::EventSink::Stub> stub_;
+  const absl::Duration deadline_;
+  const int max_batch_;
+
+  // Set once ApplyBatch answered UNIMPLEMENTED (or batching is off).
+  std::atomic<bool> per_event_;
+
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
+};
+
+// The ExternalSink of `spec`: a GrpcEventSink for a Downstream sink, nullptr for local
+// rows (or no sink). INVALID_ARGUMENT for a Downstream spec without target or with
+// max_batch above GrpcEventSink::kMaxBatchLimit. Defaults: deadline 5000 ms, max_batch 256.
+absl::StatusOr<std::unique_ptr<ExternalSink>> MakeExternalSink(
+    const handoff::v1::SourceSpec& spec);
+
+// As above, with explicit channel credentials (null: insecure), e.g. TLS:
+// grpc::SslCredentials(grpc::SslCredentialsOptions{.pem_root_certs = ...}).
+absl::StatusOr<std::unique_ptr<ExternalSink>> MakeExternalSink(
+    const handoff::v1::SourceSpec& spec,
+    std::shared_ptr<grpc::ChannelCredentials> credentials);
+
+}  // namespace handoff::consumer
+
+#endif  // HANDOFF_CONSUMER_SINKS_GRPC_EVENT_SINK_H_

@@ -1,0 +1,344 @@
+#include "consumer/sinks/grpc_event_sink.h"
+
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "sim/sample_sink/sample_sink.h"
+
+namespace handoff::consumer {
+namespace {
+
+using Kind = SinkAnswer::Kind;
+using handoff::sim::SampleSink;
+using handoff::sim::v1::FaultConfig;
+
+constexpr char kSource[] = "src-1";
+
+std::string TestDb(const std::string& name) {
+  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+}
+
+std::unique_ptr<SampleSink> StartSink(const std::string& name, FaultConfig faults = {},
+                                      std::function<void()> crash_hook = nullptr) {
+  SampleSink::Options options;
+  options.core.db_path = TestDb(name);
+  options.core.faults = faults;
+  options.core.crash_hook = std::move(crash_hook);
+  auto sink = SampleSink::Start(std::move(options));
+  EXPECT_TRUE(sink.ok()) << sink.status();
+  return sink.ok() ? *std::move(sink) : nullptr;
+}
+
+std::unique_ptr<GrpcEventSink> Client(const SampleSink& sink, bool batch, int max_batch = 256,
+                                      absl::Duration deadline = absl::Seconds(30)) {
+  GrpcEventSinkOptions options;
+  options.target = sink.target();
+  options.batch = batch;
+  options.max_batch = max_batch;
+  options.deadline = deadline;
+  auto client = GrpcEventSink::Create(std::move(options));
+  EXPECT_TRUE(client.ok()) << client.status();
+  return client.ok() ? *std::move(client) : nullptr;
+}
+
+// Events at (block, log_index) = (first_block + i, i); owns the rows the deliveries point to.
+class Events {
+ public:
+  explicit Events(int n, uint64_t first_block = 100) {
+    rows_.reserve(n);
+    for (int i = 0; i < n; ++i) {
+      handoff::v1::EventRow row;
+      row.set_block_number(first_block + i);
+      row.set_log_index(i);
+      row.set_block_hash(absl::StrCat("0xh", first_block + i));
+      row.set_address("0xabc");
+      rows_.push_back(row);
+    }
+    for (const auto& row : rows_) {
+      deliveries_.push_back(
+          Delivery{IdempotencyKey(kSource, row), &row, handoff::v1::FINALITY_SAFE});
+    }
+  }
+  absl::Span<const Delivery> all() const { return deliveries_; }
+  const Delivery& operator[](int i) const { return deliveries_[i]; }
+
+ private:
+  std::vector<handoff::v1::EventRow> rows_;
+  std::vector<Delivery> deliveries_;
+};
+
+std::vector<Kind> Kinds(const std::vector<SinkAnswer>& answers) {
+  std::vector<Kind> out;
+  for (const auto& a : answers) out.push_back(a.kind);
+  return out;
+}
+
+TEST(GrpcEventSinkTest, PerEventAppliesThenReplaysAreAlreadyApplied) {
+  auto sink = StartSink("per_event");
+  auto client = Client(*sink, /*batch=*/false);
+  EXPECT_EQ(client->max_batch(), 1);
+  Events events(3);
+  EXPECT_EQ(Kinds(client->Deliver(kSource, events.all())),
+            std::vector<Kind>(3, Kind::kApplied));
+  EXPECT_EQ(Kinds(client->Deliver(kSource, events.all())),
+            std::vector<Kind>(3, Kind::kAlreadyApplied));
+  EXPECT_EQ(sink->stats().calls(), 6u);
+  EXPECT_EQ(sink->stats().batch_calls(), 0u);
+  auto records = sink->Records();
+  ASSERT_TRUE(records.ok());
+  ASSERT_EQ(records->size(), 3u);
+  const auto& r = records->at(events[1].idempotency_key);
+  EXPECT_EQ(r.attempts, 2u);
+  EXPECT_EQ(r.request.source_id(), kSource);
+  EXPECT_EQ(r.request.event().block_number(), 101u);
+  EXPECT_EQ(r.request.finality(), handoff::v1::FINALITY_SAFE);
+}
+
+TEST(GrpcEventSinkTest, BatchSendsChunksOfMaxBatch) {
+  auto sink = StartSink("chunks");
+  auto client = Client(*sink, /*batch=*/true, /*max_batch=*/4);
+  EXPECT_EQ(client->max_batch(), 4);
+  Events events(10);
+  EXPECT_EQ(Kinds(client->Deliver(kSource, events.all())),
+            std::vector<Kind>(10, Kind::kApplied));
+  EXPECT_EQ(sink->stats().calls(), 3u);
+  EXPECT_EQ(sink->stats().batch_calls(), 3u);
+  EXPECT_EQ(sink->stats().records(), 10u);
+}
+
+TEST(GrpcEventSinkTest, OutcomesMapToAnswerKinds) {
+  FaultConfig faults;
+  faults.mutable_reject()->add_blocks(100);
+  faults.mutable_review()->add_blocks(101);
+  faults.mutable_ignore()->add_blocks(102);
+  for (bool batch : {false, true}) {
+    SCOPED_TRACE(batch);
+    auto sink = StartSink(absl::StrCat("outcomes_", batch), faults);
+    auto client = Client(*sink, batch);
+    Events events(4);
+    auto answers = client->Deliver(kSource, events.all());
+    EXPECT_EQ(Kinds(answers), (std::vector<Kind>{Kind::kRejected, Kind::kNeedsReview,
+                                                 Kind::kIgnored, Kind::kApplied}));
+    EXPECT_EQ(answers[0].message, "fault knob: rejected");
+    EXPECT_FALSE(answers[0].retry_after.has_value());
+  }
+}
+
+TEST(GrpcEventSinkTest, RetryLaterCarriesTheSinksDelay) {
+  FaultConfig faults;
+  faults.set_fail_next_calls(1);
+  faults.set_fail_mode(handoff::sim::v1::FAIL_MODE_RETRY_LATER);
+  faults.set_retry_after_ms(750);
+  auto sink = StartSink("retry_later", faults);
+  auto client = Client(*sink, /*batch=*/true);
+  Events events(2);
+  auto answers = client->Deliver(kSource, events.all());
+  ASSERT_EQ(Kinds(answers), std::vector<Kind>(2, Kind::kRetryLater));
+  ASSERT_TRUE(answers[1].retry_after.has_value());
+  EXPECT_EQ(*answers[1].retry_after, absl::Milliseconds(750));
+  EXPECT_EQ(Kinds(client->Deliver(kSource, events.all())),
+            std::vector<Kind>(2, Kind::kApplied));
+}
+
+TEST(GrpcEventSinkTest, UnavailableIsATransportErrorAndStopsTheCall) {
+  FaultConfig faults;
+  faults.set_fail_next_calls(1);
+  faults.set_fail_mode(handoff::sim::v1::FAIL_MODE_UNAVAILABLE);
+  auto sink = StartSink("unavailable", faults);
+  auto client = Client(*sink, /*batch=*/false);
+  Events events(3);
+  auto answers = client->Deliver(kSource, events.all());
+  EXPECT_EQ(Kinds(answers), std::vector<Kind>(3, Kind::kTransportError));
+  EXPECT_TRUE(absl::StrContains(answers[0].message, "UNAVAILABLE")) << answers[0].message;
+  EXPECT_TRUE(absl::StrContains(answers[2].message, "not sent")) << answers[2].message;
+  EXPECT_EQ(sink->stats().calls(), 1u);  // the rest were not sent
+  EXPECT_EQ(sink->stats().records(), 0u);
+  EXPECT_EQ(Kinds(client->Deliver(kSource, events.all())),
+            std::vector<Kind>(3, Kind::kApplied));
+}
+
+TEST(GrpcEventSinkTest, DeadlineExceededIsATransportError) {
+  FaultConfig faults;
+  faults.set_delay_ms(60000);
+  auto sink = StartSink("deadline", faults);
+  auto client = Client(*sink, /*batch=*/true, 256, absl::Milliseconds(200));
+  Events events(2);
+  const absl::Time start = absl::Now();
+  auto answers = client->Deliver(kSource, events.all());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  EXPECT_EQ(Kinds(answers), std::vector<Kind>(2, Kind::kTransportError));
+  EXPECT_TRUE(absl::StrContains(answers[0].message, "DEADLINE_EXCEEDED")) << answers[0].message;
+}
+
+TEST(GrpcEventSinkTest, ResultsMissingFromAShortBatchAreTransportErrors) {
+  FaultConfig faults;
+  faults.set_batch_answer_limit(2);
+  auto sink = StartSink("short", faults);
+  auto client = Client(*sink, /*batch=*/true, /*max_batch=*/3);
+  Events events(5);
+  auto answers = client->Deliver(kSource, events.all());
+  EXPECT_EQ(Kinds(answers),
+            (std::vector<Kind>{Kind::kApplied, Kind::kApplied, Kind::kTransportError,
+                               Kind::kTransportError, Kind::kTransportError}));
+  EXPECT_TRUE(absl::StrContains(answers[2].message, "missing")) << answers[2].message;
+  EXPECT_EQ(sink->stats().batch_calls(), 1u);  // the next chunk was not sent
+  EXPECT_EQ(sink->stats().records(), 2u);
+}
+
+TEST(GrpcEventSinkTest, UnimplementedBatchFallsBackToApplyForGood) {
+  FaultConfig faults;
+  faults.set_batch_unimplemented(true);
+  auto sink = StartSink("fallback", faults);
+  auto client = Client(*sink, /*batch=*/true, /*max_batch=*/4);
+  EXPECT_EQ(client->max_batch(), 4);
+  Events events(3);
+  EXPECT_EQ(Kinds(client->Deliver(kSource, events.all())),
+            std::vector<Kind>(3, Kind::kApplied));
+  EXPECT_EQ(client->max_batch(), 1);
+  EXPECT_EQ(sink->stats().batch_calls(), 1u);
+  EXPECT_EQ(sink->stats().calls(), 4u);
+  Events more(2, /*first_block=*/500);
+  EXPECT_EQ(Kinds(client->Deliver(kSource, more.all())), std::vector<Kind>(2, Kind::kApplied));
+  EXPECT_EQ(sink->stats().batch_calls(), 1u);
+  EXPECT_EQ(sink->stats().calls(), 6u);
+}
+
+TEST(GrpcEventSinkTest, CancelUnblocksAnInFlightCallAndFailsLaterOnes) {
+  FaultConfig faults;
+  faults.set_delay_ms(60000);
+  auto sink = StartSink("cancel", faults);
+  auto client = Client(*sink, /*batch=*/false, 256, absl::Seconds(60));
+  Events events(2);
+  std::vector<SinkAnswer> answers;
+  std::thread worker([&] { answers = client->Deliver(kSource, events.all()); });
+  ASSERT_TRUE(sink->WaitForCalls(1, absl::Seconds(30)));
+  const absl::Time start = absl::Now();
+  client->Cancel();
+  worker.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  EXPECT_EQ(Kinds(answers), std::vector<Kind>(2, Kind::kTransportError));
+  EXPECT_TRUE(absl::StrContains(answers[0].message, "CANCELLED")) << answers[0].message;
+
+  auto later = client->Deliver(kSource, events.all());
+  EXPECT_EQ(Kinds(later), std::vector<Kind>(2, Kind::kTransportError));
+  EXPECT_EQ(sink->stats().calls(), 1u);  // nothing more was sent
+}
+
+TEST(GrpcEventSinkTest, AnUnreachableSinkIsATransportError) {
+  std::string target;
+  {
+    auto sink = StartSink("gone");
+    target = sink->target();
+  }
+  GrpcEventSinkOptions options;
+  options.target = target;
+  options.deadline = absl::Seconds(10);
+  auto client = GrpcEventSink::Create(options);
+  ASSERT_TRUE(client.ok());
+  Events events(2);
+  auto answers = (*client)->Deliver(kSource, events.all());
+  EXPECT_EQ(Kinds(answers), std::vector<Kind>(2, Kind::kTransportError));
+  EXPECT_TRUE(absl::StrContains(answers[0].message, "UNAVAILABLE")) << answers[0].message;
+}
+
+TEST(GrpcEventSinkTest, ACrashAfterRecordingIsRetriedAndRecognised) {
+  FaultConfig faults;
+  faults.set_die_after_records(2);
+  const std::string name = "crash";
+  Events events(3);
+  {
+    int crashes = 0;
+    auto sink = StartSink(name, faults, [&] { ++crashes; });
+    auto client = Client(*sink, /*batch=*/true);
+    EXPECT_EQ(Kinds(client->Deliver(kSource, events.all())),
+              std::vector<Kind>(3, Kind::kTransportError));
+    EXPECT_EQ(crashes, 1);
+  }
+  auto sink = StartSink(name);  // the restarted sink, same table
+  auto client = Client(*sink, /*batch=*/true);
+  EXPECT_EQ(Kinds(client->Deliver(kSource, events.all())),
+            (std::vector<Kind>{Kind::kAlreadyApplied, Kind::kAlreadyApplied, Kind::kApplied}));
+  auto records = sink->Records();
+  ASSERT_TRUE(records.ok());
+  ASSERT_EQ(records->size(), 3u);
+  EXPECT_EQ(records->at(events[0].idempotency_key).attempts, 2u);
+  EXPECT_EQ(records->at(events[2].idempotency_key).attempts, 1u);
+}
+
+TEST(GrpcEventSinkTest, ADeliveryWithoutARowIsNotSent) {
+  auto sink = StartSink("no_row");
+  auto client = Client(*sink, /*batch=*/false);
+  Delivery d{"k", nullptr, handoff::v1::FINALITY_LATEST};
+  auto answers = client->Deliver(kSource, absl::MakeConstSpan(&d, 1));
+  EXPECT_EQ(Kinds(answers), std::vector<Kind>{Kind::kTransportError});
+  EXPECT_EQ(sink->stats().calls(), 0u);
+}
+
+TEST(GrpcEventSinkTest, CreateRejectsBadOptions) {
+  GrpcEventSinkOptions options;
+  EXPECT_EQ(GrpcEventSink::Create(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.target = "127.0.0.1:1";
+  options.max_batch = 0;
+  EXPECT_EQ(GrpcEventSink::Create(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.max_batch = 1;
+  options.deadline = absl::ZeroDuration();
+  EXPECT_EQ(GrpcEventSink::Create(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MakeExternalSinkTest, LocalRowsHaveNoExternalSink) {
+  handoff::v1::SourceSpec spec;
+  spec.set_id("s");
+  auto none = MakeExternalSink(spec);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, nullptr);
+  spec.mutable_sink()->mutable_local_rows();
+  auto rows = MakeExternalSink(spec);
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(*rows, nullptr);
+}
+
+TEST(MakeExternalSinkTest, DownstreamSpecsAreChecked) {
+  handoff::v1::SourceSpec spec;
+  spec.set_id("s");
+  spec.mutable_sink()->mutable_downstream();
+  auto no_target = MakeExternalSink(spec);
+  EXPECT_EQ(no_target.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(no_target.status().message(), "source s"));
+  spec.mutable_sink()->mutable_downstream()->set_target("127.0.0.1:1");
+  spec.mutable_sink()->mutable_downstream()->set_max_batch(GrpcEventSink::kMaxBatchLimit + 1);
+  EXPECT_EQ(MakeExternalSink(spec).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MakeExternalSinkTest, DownstreamSpecDeliversWithItsDefaults) {
+  auto sink = StartSink("factory");
+  handoff::v1::SourceSpec spec;
+  spec.set_id(kSource);
+  auto* d = spec.mutable_sink()->mutable_downstream();
+  d->set_target(sink->target());
+  auto per_event = MakeExternalSink(spec);
+  ASSERT_TRUE(per_event.ok()) << per_event.status();
+  ASSERT_NE(*per_event, nullptr);
+  EXPECT_EQ((*per_event)->max_batch(), 1);
+
+  d->set_batch(true);
+  d->set_deadline_ms(10000);
+  auto batched = MakeExternalSink(spec);
+  ASSERT_TRUE(batched.ok()) << batched.status();
+  EXPECT_EQ((*batched)->max_batch(), 256);
+  Events events(3);
+  EXPECT_EQ(Kinds((*batched)->Deliver(kSource, events.all())),
+            std::vector<Kind>(3, Kind::kApplied));
+  EXPECT_EQ(sink->stats().batch_calls(), 1u);
+}
+
+}  // namespace
+}  // namespace handoff::consumer

@@ -295,7 +295,13 @@ absl::Status FaultInjectionFs::DropUnsyncedData() {
   }
   for (const auto& [name, synced] : files) {
     if (!target()->FileExists(name, rocksdb::IOOptions(), nullptr).ok()) continue;
-    rocksdb::IOStatus s = target()->Truncate(name, synced, rocksdb::IOOptions(), nullptr);
+    // FileSystem::Truncate is not implemented by the POSIX file system of RocksDB 7;
+    // FSWritableFile::Truncate (ftruncate) is.
+    std::unique_ptr<rocksdb::FSWritableFile> file;
+    rocksdb::IOStatus s =
+        target()->ReopenWritableFile(name, rocksdb::FileOptions(), &file, nullptr);
+    if (s.ok()) s = file->Truncate(synced, rocksdb::IOOptions(), nullptr);
+    if (s.ok()) s = file->Close(rocksdb::IOOptions(), nullptr);
     if (!s.ok()) {
       return absl::InternalError(
           absl::StrCat("fault injection: cannot truncate ", name, ": ", s.ToString()));

@@ -20,11 +20,17 @@ namespace {
 
 constexpr char kSchemaKey[] = "schema_version";
 constexpr char kMagicKey[] = "handoff";
+// meta/"version_floor/<id>": the lowest checkpoint version a re-created source may use,
+// written by DeleteSource so that an attempt fenced on the deleted source's checkpoint
+// cannot pass the fence of a new source with the same id.
+constexpr char kVersionFloorPrefix[] = "version_floor/";
 
-// Order matters: index i of the handle vector is this name.
+// Order matters: index i of the handle vector is this name. A literal, not
+// rocksdb::kDefaultColumnFamilyName.c_str(): that std::string lives in another
+// translation unit and need not be constructed when this array is initialised.
 const char* const kFamilyNames[] = {
-    rocksdb::kDefaultColumnFamilyName.c_str(),
-    "sources", "checkpoints", "receipts", "quarantine", "holds", "rows", "outbox", "meta",
+    "default", "sources", "checkpoints", "receipts", "quarantine", "holds", "rows", "outbox",
+    "meta",
 };
 constexpr int kFamilyCount = sizeof(kFamilyNames) / sizeof(kFamilyNames[0]);
 
@@ -58,6 +64,8 @@ absl::Status Corrupt(absl::string_view what, absl::string_view key) {
   return absl::DataLossError(
       absl::StrCat("storage: cannot parse ", what, " record at key of ", key.size(), " bytes"));
 }
+
+std::string VersionFloorKey(absl::string_view id) { return absl::StrCat(kVersionFloorPrefix, id); }
 
 }  // namespace
 
@@ -159,14 +167,19 @@ absl::Status Store::CheckSchema() {
   std::string value;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_.meta, kSchemaKey, &value);
   if (s.IsNotFound()) {
-    // A new database, unless it already holds data (then the schema key was lost).
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cfs_.sources));
-    it->SeekToFirst();
-    if (it->Valid()) {
-      return absl::FailedPreconditionError(
-          "store: database holds sources but no schema version; refusing to open");
+    // A new database, unless some family already holds data: then either the schema key
+    // was lost or this is another program's RocksDB (which would use "default").
+    for (size_t i = 0; i < handles_.size(); ++i) {
+      std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), handles_[i]));
+      it->SeekToFirst();
+      RETURN_IF_ERROR(FromRocks(it->status(), "read family"));
+      if (it->Valid()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "store: ", options_.path, " holds data in column family '", kFamilyNames[i],
+            "' but no Handoff schema version; refusing to open a foreign or damaged "
+            "database"));
+      }
     }
-    RETURN_IF_ERROR(FromRocks(it->status(), "read sources"));
     rocksdb::WriteBatch batch;
     batch.Put(cfs_.meta, kSchemaKey, std::to_string(kSchemaVersion));
     batch.Put(cfs_.meta, kMagicKey, "handoff event consumer");
@@ -196,15 +209,16 @@ absl::Status Store::health() const {
   return write_failure_;
 }
 
+absl::Status Store::CheckWritable(absl::string_view operation) const {
+  absl::MutexLock lock(&health_mu_);
+  if (write_failure_.ok()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("storage: refusing ", operation,
+                                                    " after an earlier write failure: ",
+                                                    write_failure_.message()));
+}
+
 absl::Status Store::Write(rocksdb::WriteBatch* batch, absl::string_view operation) {
-  {
-    absl::MutexLock lock(&health_mu_);
-    if (!write_failure_.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "storage: refusing ", operation, " after an earlier write failure: ",
-          write_failure_.message()));
-    }
-  }
+  RETURN_IF_ERROR(CheckWritable(operation));
   absl::Status s = FromRocks(db_->Write(write_options_, batch), operation);
   if (!s.ok()) {
     absl::MutexLock lock(&health_mu_);
@@ -259,6 +273,10 @@ absl::StatusOr<std::vector<handoff::v1::Source>> Store::ListSources(absl::string
 absl::Status Store::DeleteSource(absl::string_view id) {
   absl::MutexLock lock(SourceLock(id));
   rocksdb::WriteBatch batch;
+  // Remember the fence: a source re-created under this id starts above every version
+  // an attempt of the deleted one may still hold.
+  ASSIGN_OR_RETURN(uint64_t floor, NextVersionLocked(id));
+  batch.Put(cfs_.meta, VersionFloorKey(id), std::to_string(floor));
   const std::string prefix = keys::SourcePrefix(id);
   const std::string end = keys::PrefixSuccessor(prefix);
   for (rocksdb::ColumnFamilyHandle* cf : {cfs_.checkpoints, cfs_.receipts, cfs_.quarantine,
@@ -267,6 +285,26 @@ absl::Status Store::DeleteSource(absl::string_view id) {
   }
   batch.Delete(cfs_.sources, keys::Source(id));
   return Write(&batch, absl::StrCat("delete source ", id));
+}
+
+absl::StatusOr<uint64_t> Store::NextVersionLocked(absl::string_view id) {
+  uint64_t next = 0;
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_.meta, VersionFloorKey(id), &value);
+  if (s.ok()) {
+    if (!absl::SimpleAtoi(value, &next)) return Corrupt("version floor", id);
+  } else if (!s.IsNotFound()) {
+    RETURN_IF_ERROR(FromRocks(s, absl::StrCat("read version floor of ", id)));
+  }
+  for (Stage stage : {Stage::kIngest, Stage::kDelivery}) {
+    absl::StatusOr<CheckpointRecord> old = LoadCheckpointLocked(id, stage);
+    if (old.ok()) {
+      next = std::max(next, old->version() + 1);
+    } else if (!absl::IsNotFound(old.status())) {
+      return old.status();
+    }
+  }
+  return next;
 }
 
 // ---- Checkpoints ----
@@ -295,13 +333,11 @@ absl::Status Store::ResetSource(absl::string_view id, const CheckpointRecord& in
        {cfs_.receipts, cfs_.quarantine, cfs_.holds, cfs_.rows, cfs_.outbox}) {
     batch.DeleteRange(cf, prefix, end);
   }
+  // Both stages continue above the highest version either stage (or a deleted source of
+  // the same id) ever had.
+  ASSIGN_OR_RETURN(uint64_t floor, NextVersionLocked(id));
   auto put = [&](Stage stage, CheckpointRecord record) -> absl::Status {
-    absl::StatusOr<CheckpointRecord> old = LoadCheckpointLocked(id, stage);
-    if (old.ok()) {
-      record.set_version(std::max(record.version(), old->version() + 1));
-    } else if (!absl::IsNotFound(old.status())) {
-      return old.status();
-    }
+    record.set_version(std::max(record.version(), floor));
     record.set_updated_unix_ms(absl::ToUnixMillis(absl::Now()));
     batch.Put(cfs_.checkpoints, keys::Checkpoint(id, stage), record.SerializeAsString());
     return absl::OkStatus();
@@ -319,9 +355,32 @@ absl::StatusOr<CheckpointRecord> Store::CommitStep(Stage stage, StepBatch* step,
                                                    const Fence& fence,
                                                    const CheckpointUpdate& update) {
   const std::string& id = step->source_id();
+  // A failed store answers FAILED_PRECONDITION before the fence is looked at: an
+  // ABORTED would send the caller to reread and retry against a store that cannot write.
+  RETURN_IF_ERROR(CheckWritable(absl::StrCat("commit step of ", id)));
   absl::MutexLock lock(SourceLock(id));
   ASSIGN_OR_RETURN(CheckpointRecord record, LoadCheckpointLocked(id, stage));
-  if (record.version() != fence.expected_version) {
+  if (fence.hold.has_value()) {
+    std::string value;
+    rocksdb::Status hs = db_->Get(rocksdb::ReadOptions(), cfs_.holds,
+                                  keys::Staged(id, fence.hold->stage, fence.hold->position),
+                                  &value);
+    if (hs.IsNotFound()) {
+      return absl::AbortedError(absl::StrCat("hold of ", id, " at ",
+                                             fence.hold->position.DebugString(),
+                                             " no longer exists; reread"));
+    }
+    RETURN_IF_ERROR(FromRocks(hs, "read hold"));
+    handoff::v1::Hold hold;
+    if (!hold.ParseFromString(value)) return Corrupt("hold", id);
+    if (hold.version() != fence.hold->version) {
+      return absl::AbortedError(absl::StrCat("hold of ", id, " at ",
+                                             fence.hold->position.DebugString(), " is at version ",
+                                             hold.version(), ", not ", fence.hold->version,
+                                             "; nothing changed: reread it and decide again"));
+    }
+  }
+  if (!fence.any_version && record.version() != fence.expected_version) {
     return absl::AbortedError(absl::StrCat(
         "checkpoint of ", id, " moved: attempt holds version ", fence.expected_version,
         ", stored version is ", record.version(), "; reread and retry"));
@@ -355,6 +414,10 @@ absl::StatusOr<CheckpointRecord> Store::CommitStep(Stage stage, StepBatch* step,
     *record.mutable_highest_safe() = *update.safe;
   }
   if (update.tip.has_value()) record.set_tip(*update.tip);
+  if (update.covered_through.has_value()) {
+    record.set_has_covered(update.covered_through->has_value());
+    record.set_covered_through(update.covered_through->value_or(0));
+  }
   const CounterRecord& d = update.counter_deltas;
   CounterRecord* c = record.mutable_counters();
   c->set_applied(c->applied() + d.applied());
@@ -370,9 +433,16 @@ absl::StatusOr<CheckpointRecord> Store::CommitStep(Stage stage, StepBatch* step,
   rocksdb::WriteBatch* batch = &step->batch_;
   std::string value;
   record.SerializeToString(&value);
+  // The checkpoint joins the caller's batch only for this write: on failure the step is
+  // left as the caller built it, not with a stale checkpoint appended.
+  batch->SetSavePoint();
   batch->Put(cfs_.checkpoints, keys::Checkpoint(id, stage), value);
   absl::Status s = Write(batch, absl::StrCat("commit step of ", id));
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    batch->RollbackToSavePoint().PermitUncheckedError();
+    return s;
+  }
+  batch->PopSavePoint().PermitUncheckedError();
   return record;
 }
 
@@ -404,22 +474,30 @@ absl::Status Store::ScanRange(
   return FromRocks(it->status(), "scan");
 }
 
+absl::Status Store::ScanPositions(
+    rocksdb::ColumnFamilyHandle* cf, const std::string& begin, const std::string& end_inclusive,
+    const std::function<bool(Position, absl::string_view)>& fn) const {
+  absl::Status decode_error;
+  RETURN_IF_ERROR(ScanRange(cf, begin, end_inclusive,
+                            [&](absl::string_view key, absl::string_view value) {
+                              absl::StatusOr<Position> pos = keys::DecodePosition(key);
+                              if (!pos.ok()) {
+                                decode_error = pos.status();
+                                return false;
+                              }
+                              return fn(*pos, value);
+                            }));
+  return decode_error;
+}
+
 absl::Status Store::ScanRows(absl::string_view id, Position from, Position to,
                              const RowVisitor& fn) const {
-  return ScanRange(cfs_.rows, keys::Positional(id, from), keys::Positional(id, to),
-                   [&](absl::string_view key, absl::string_view value) {
-                     absl::StatusOr<Position> pos = keys::DecodePosition(key);
-                     return pos.ok() && fn(*pos, value);
-                   });
+  return ScanPositions(cfs_.rows, keys::Positional(id, from), keys::Positional(id, to), fn);
 }
 
 absl::Status Store::ScanOutbox(absl::string_view id, Position from, Position to,
                                const RowVisitor& fn) const {
-  return ScanRange(cfs_.outbox, keys::Positional(id, from), keys::Positional(id, to),
-                   [&](absl::string_view key, absl::string_view value) {
-                     absl::StatusOr<Position> pos = keys::DecodePosition(key);
-                     return pos.ok() && fn(*pos, value);
-                   });
+  return ScanPositions(cfs_.outbox, keys::Positional(id, from), keys::Positional(id, to), fn);
 }
 
 absl::StatusOr<std::optional<std::string>> Store::GetRow(absl::string_view id,
@@ -446,11 +524,8 @@ rocksdb::ColumnFamilyHandle* Store::Family(StagedFamily family) const {
 
 absl::Status Store::ScanStaged(StagedFamily family, absl::string_view id, Stage stage,
                                Position from, Position to, const StagedVisitor& fn) const {
-  return ScanRange(Family(family), keys::Staged(id, stage, from), keys::Staged(id, stage, to),
-                   [&](absl::string_view key, absl::string_view value) {
-                     absl::StatusOr<Position> pos = keys::DecodePosition(key);
-                     return pos.ok() && fn(*pos, value);
-                   });
+  return ScanPositions(Family(family), keys::Staged(id, stage, from),
+                       keys::Staged(id, stage, to), fn);
 }
 
 absl::Status Store::ScanAll(StagedFamily family, absl::string_view start_after_key,

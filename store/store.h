@@ -73,6 +73,16 @@ struct Fence {
     std::string next_cursor;
   };
   std::optional<Barrier> barrier;
+  // Skip the version check (hold resolutions, which are fenced by the hold instead).
+  bool any_version = false;
+  // Set for a hold resolution: the hold at (stage, position) must exist with this
+  // version, else ABORTED and nothing is written.
+  struct HoldPrecondition {
+    Stage stage = Stage::kIngest;
+    Position position;
+    uint64_t version = 0;
+  };
+  std::optional<HoldPrecondition> hold;
 };
 
 // Checkpoint fields a step changes (besides a barrier's cursor and version).
@@ -84,6 +94,8 @@ struct CheckpointUpdate {
   std::optional<Mark> finalized;  // kept only if higher than the stored mark
   std::optional<Mark> safe;       // kept only if higher than the stored mark
   std::optional<uint64_t> tip;
+  // The committed page's `through` (set) or null through on an empty page (cleared).
+  std::optional<std::optional<uint64_t>> covered_through;
   CounterRecord counter_deltas;   // added to the stored counters
 };
 
@@ -107,7 +119,10 @@ class Store {
   // Sources with id > start_after, in id order, at most `limit`.
   absl::StatusOr<std::vector<handoff::v1::Source>> ListSources(absl::string_view start_after,
                                                              int limit);
-  // Removes the source and every key it owns in every column family, in one batch.
+  // Removes the source and every key it owns in every column family, in one batch. It
+  // leaves one meta key, the version floor: a source later re-created under the same id
+  // (ResetSource) starts above every version the deleted one had, so an attempt still
+  // holding the old checkpoint is fenced out.
   absl::Status DeleteSource(absl::string_view id);
 
   // ---- Checkpoints ----
@@ -115,8 +130,9 @@ class Store {
   absl::StatusOr<CheckpointRecord> LoadCheckpoint(absl::string_view id, Stage stage);
 
   // Rebuild: erases the source's rows, receipts, holds, quarantine and outbox, and
-  // writes fresh checkpoints (the version continues above the old one, so any attempt
-  // still in flight is fenced out). `delivery` may be absent.
+  // writes fresh checkpoints: each gets max(its version, 1 + the highest stored version
+  // of either stage or of a deleted source of this id), so any attempt still in flight
+  // is fenced out. `delivery` may be absent (its checkpoint is then removed).
   absl::Status ResetSource(absl::string_view id, const CheckpointRecord& ingest,
                            const std::optional<CheckpointRecord>& delivery);
 
@@ -174,11 +190,21 @@ class Store {
   absl::Mutex* SourceLock(absl::string_view id) ABSL_LOCKS_EXCLUDED(locks_mu_);
   absl::Status Write(rocksdb::WriteBatch* batch, absl::string_view operation)
       ABSL_LOCKS_EXCLUDED(health_mu_);
+  // OK, or FAILED_PRECONDITION naming `operation` after an earlier write failure.
+  absl::Status CheckWritable(absl::string_view operation) const
+      ABSL_LOCKS_EXCLUDED(health_mu_);
   absl::StatusOr<CheckpointRecord> LoadCheckpointLocked(absl::string_view id, Stage stage);
+  // The lowest version a fresh checkpoint of `id` may carry: above both stages' stored
+  // versions and the floor a DeleteSource of `id` left. REQUIRES: SourceLock(id) held.
+  absl::StatusOr<uint64_t> NextVersionLocked(absl::string_view id);
   rocksdb::ColumnFamilyHandle* Family(StagedFamily family) const;
   absl::Status ScanRange(rocksdb::ColumnFamilyHandle* cf, const std::string& begin,
                          const std::string& end_inclusive,
                          const std::function<bool(absl::string_view, absl::string_view)>& fn) const;
+  // ScanRange over positional or staged keys; DATA_LOSS on a key without a position.
+  absl::Status ScanPositions(rocksdb::ColumnFamilyHandle* cf, const std::string& begin,
+                             const std::string& end_inclusive,
+                             const std::function<bool(Position, absl::string_view)>& fn) const;
 
   // Constant after construction.
   const StoreOptions options_;

@@ -1,0 +1,821 @@
+// Store against a real RocksDB under TEST_TMPDIR: fencing, atomicity, durability across
+// reopen and simulated power loss, error propagation through FaultInjectionFs, schema
+// and foreign-directory refusal, source deletion and reset.
+#include "store/store.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/barrier.h"
+#include "gtest/gtest.h"
+#include "rocksdb/db.h"
+#include "rocksdb/env.h"
+#include "store/fault_injection_fs.h"
+#include "store/keys.h"
+
+namespace handoff::store {
+namespace {
+
+constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+
+#define ASSERT_OK(expr)                              \
+  do {                                               \
+    absl::Status assert_ok_status_ = (expr);         \
+    ASSERT_TRUE(assert_ok_status_.ok()) << assert_ok_status_; \
+  } while (0)
+
+// A fresh directory per test under TEST_TMPDIR.
+std::string TestPath(absl::string_view suffix = "") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string path = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", info->test_suite_name(),
+                                  ".", info->name(), suffix);
+  std::filesystem::remove_all(path);
+  return path;
+}
+
+CheckpointRecord Fresh(absl::string_view cursor, uint64_t version = 0) {
+  CheckpointRecord r;
+  r.set_resume_cursor(std::string(cursor));
+  r.set_version(version);
+  r.set_identity_hash("identity");
+  return r;
+}
+
+std::string RowBytes(Position p, size_t padding = 200) {
+  handoff::v1::EventRow row;
+  row.set_block_number(p.block);
+  row.set_log_index(p.log_index);
+  row.set_block_hash(absl::StrCat("0xhash", p.block));
+  row.set_data(std::string(padding, 'd'));
+  return row.SerializeAsString();
+}
+
+handoff::v1::Hold HoldAt(absl::string_view id, Position p) {
+  handoff::v1::Hold hold;
+  hold.set_source_id(std::string(id));
+  hold.mutable_event()->set_block_number(p.block);
+  hold.mutable_event()->set_log_index(p.log_index);
+  hold.set_reason("sink rejected");
+  return hold;
+}
+
+ReceiptRecord Receipt(Position p) {
+  ReceiptRecord r;
+  r.set_block_hash(absl::StrCat("0xhash", p.block));
+  r.set_outcome(RECEIPT_APPLIED);
+  return r;
+}
+
+Mark MarkAt(uint64_t n) {
+  Mark m;
+  m.set_number(n);
+  m.set_hash(absl::StrCat("0x", n));
+  m.set_present(true);
+  return m;
+}
+
+// A step with `rows` rows, receipts and outbox entries from block `first_block`, and a
+// hold for every tenth one.
+std::unique_ptr<StepBatch> BigStep(Store* store, absl::string_view id, int rows,
+                                   uint64_t first_block = 1000) {
+  std::unique_ptr<StepBatch> step = store->NewStep(id);
+  for (int i = 0; i < rows; ++i) {
+    Position p{first_block + static_cast<uint64_t>(i / 4), static_cast<uint64_t>(i % 4)};
+    step->PutRow(p, RowBytes(p));
+    step->PutReceipt(Stage::kIngest, p, Receipt(p));
+    step->PutOutbox(p, RowBytes(p, 10));
+    if (i % 10 == 0) step->PutHold(Stage::kDelivery, p, HoldAt(id, p));
+  }
+  return step;
+}
+
+int CountRows(Store* store, absl::string_view id) {
+  int n = 0;
+  absl::Status s = store->ScanRows(id, Position{0, 0}, Position{kMax, kMax},
+                                   [&](Position, absl::string_view) { return ++n, true; });
+  EXPECT_TRUE(s.ok()) << s;
+  return n;
+}
+
+int CountOutbox(Store* store, absl::string_view id) {
+  int n = 0;
+  absl::Status s = store->ScanOutbox(id, Position{0, 0}, Position{kMax, kMax},
+                                     [&](Position, absl::string_view) { return ++n, true; });
+  EXPECT_TRUE(s.ok()) << s;
+  return n;
+}
+
+int CountStaged(Store* store, StagedFamily family, absl::string_view id, Stage stage) {
+  int n = 0;
+  absl::Status s = store->ScanStaged(family, id, stage, Position{0, 0}, Position{kMax, kMax},
+                                     [&](Position, absl::string_view) { return ++n, true; });
+  EXPECT_TRUE(s.ok()) << s;
+  return n;
+}
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override { path_ = TestPath(); }
+
+  // Opens at path_ (through env_ when a fault FS is in use).
+  void Open(bool sync = true, size_t write_buffer_bytes = 64 << 20) {
+    store_.reset();
+    StoreOptions options;
+    options.path = path_;
+    options.sync = sync;
+    options.env = env_.get();
+    options.write_buffer_bytes = write_buffer_bytes;
+    absl::StatusOr<std::unique_ptr<Store>> store = Store::Open(options);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+  }
+  void Reopen(bool sync = true) { Open(sync); }
+  void UseFaultInjection() {
+    fs_ = std::make_shared<FaultInjectionFs>();
+    env_ = rocksdb::NewCompositeEnv(fs_);
+  }
+  void Seed(absl::string_view id, absl::string_view cursor = "c0") {
+    ASSERT_TRUE(store_->ResetSource(id, Fresh(cursor), std::nullopt).ok());
+  }
+  CheckpointRecord Checkpoint(absl::string_view id, Stage stage = Stage::kIngest) {
+    absl::StatusOr<CheckpointRecord> r = store_->LoadCheckpoint(id, stage);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : CheckpointRecord();
+  }
+
+  std::string path_;
+  // Declared before store_: the database must close before its Env and FileSystem go.
+  std::shared_ptr<FaultInjectionFs> fs_;
+  std::unique_ptr<rocksdb::Env> env_;
+  std::unique_ptr<Store> store_;
+};
+
+// ---- Compare-and-swap and fencing ----
+
+TEST_F(StoreTest, CompareAndSwapStaleWriterLosesAndNothingChanges) {
+  Open();
+  Seed("s");
+  absl::StatusOr<CheckpointRecord> won = store_->CompareAndSwap("s", Stage::kIngest, "c0", 0, "c1");
+  ASSERT_TRUE(won.ok()) << won.status();
+  EXPECT_EQ(won->resume_cursor(), "c1");
+  EXPECT_EQ(won->version(), 1u);
+
+  // Same (cursor, version) again: the stale writer loses.
+  absl::StatusOr<CheckpointRecord> stale = store_->CompareAndSwap("s", Stage::kIngest, "c0", 0, "c2");
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kAborted);
+  // The right version with another cursor, and the right cursor with an old version.
+  EXPECT_EQ(store_->CompareAndSwap("s", Stage::kIngest, "c9", 1, "c2").status().code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(store_->CompareAndSwap("s", Stage::kIngest, "c1", 0, "c2").status().code(),
+            absl::StatusCode::kAborted);
+  // The other stage has no checkpoint.
+  EXPECT_EQ(store_->CompareAndSwap("s", Stage::kDelivery, "c1", 1, "c2").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->CompareAndSwap("nope", Stage::kIngest, "c0", 0, "c1").status().code(),
+            absl::StatusCode::kNotFound);
+
+  Reopen();
+  CheckpointRecord after = Checkpoint("s");
+  EXPECT_EQ(after.resume_cursor(), "c1");
+  EXPECT_EQ(after.version(), 1u);
+  // And the winner's successor still moves it.
+  EXPECT_TRUE(store_->CompareAndSwap("s", Stage::kIngest, "c1", 1, "c2").ok());
+}
+
+TEST_F(StoreTest, StaleStepWritesNoneOfItsRows) {
+  Open();
+  Seed("s");
+  ASSERT_TRUE(store_->CompareAndSwap("s", Stage::kIngest, "c0", 0, "c1").ok());  // v1
+
+  std::unique_ptr<StepBatch> stale = BigStep(store_.get(), "s", 40);
+  const int ops = stale->count();
+  Fence fence;
+  fence.expected_version = 0;
+  CheckpointUpdate update;
+  update.applied = Position{1010, 3};
+  update.counter_deltas.set_applied(40);
+  absl::StatusOr<CheckpointRecord> r = store_->CommitStep(Stage::kIngest, stale.get(), fence, update);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(stale->count(), ops);  // the step is left as built
+
+  // A barrier whose cursor is not the stored one is fenced out too, version or not.
+  std::unique_ptr<StepBatch> wrong_cursor = BigStep(store_.get(), "s", 40);
+  fence.expected_version = 1;
+  fence.barrier = Fence::Barrier{"c0", "c2"};
+  EXPECT_EQ(store_->CommitStep(Stage::kIngest, wrong_cursor.get(), fence, update).status().code(),
+            absl::StatusCode::kAborted);
+
+  Reopen();
+  EXPECT_EQ(CountRows(store_.get(), "s"), 0);
+  EXPECT_EQ(CountOutbox(store_.get(), "s"), 0);
+  EXPECT_EQ(CountStaged(store_.get(), StagedFamily::kReceipts, "s", Stage::kIngest), 0);
+  EXPECT_EQ(CountStaged(store_.get(), StagedFamily::kHolds, "s", Stage::kDelivery), 0);
+  CheckpointRecord cp = Checkpoint("s");
+  EXPECT_EQ(cp.version(), 1u);
+  EXPECT_EQ(cp.resume_cursor(), "c1");
+  EXPECT_FALSE(cp.has_applied());
+  EXPECT_EQ(cp.counters().applied(), 0u);
+}
+
+TEST_F(StoreTest, FencedStepCommitsWithItsCheckpoint) {
+  Open();
+  Seed("s");
+  std::unique_ptr<StepBatch> step = BigStep(store_.get(), "s", 8);
+  Fence fence;
+  fence.expected_version = 0;
+  fence.barrier = Fence::Barrier{"c0", "c1"};
+  CheckpointUpdate update;
+  update.applied = Position{1001, 3};
+  update.tip = 5000;
+  update.counter_deltas.set_applied(8);
+  update.counter_deltas.set_pages_committed(1);
+  absl::StatusOr<CheckpointRecord> r = store_->CommitStep(Stage::kIngest, step.get(), fence, update);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->version(), 1u);
+  Reopen();
+  CheckpointRecord cp = Checkpoint("s");
+  EXPECT_EQ(cp.resume_cursor(), "c1");
+  EXPECT_EQ(cp.version(), 1u);
+  EXPECT_TRUE(cp.has_applied());
+  EXPECT_EQ(cp.applied_block(), 1001u);
+  EXPECT_EQ(cp.applied_log_index(), 3u);
+  EXPECT_EQ(cp.tip(), 5000u);
+  EXPECT_EQ(cp.counters().applied(), 8u);
+  EXPECT_EQ(cp.counters().pages_committed(), 1u);
+  EXPECT_EQ(cp.identity_hash(), "identity");
+  EXPECT_EQ(CountRows(store_.get(), "s"), 8);
+}
+
+TEST_F(StoreTest, RacingCompareAndSwapHasExactlyOneWinner) {
+  Open(/*sync=*/false);
+  Seed("s");
+  constexpr int kThreads = 8;
+  constexpr int kRounds = 25;
+  uint64_t version = 0;
+  std::string cursor = "c0";
+  for (int round = 0; round < kRounds; ++round) {
+    absl::Barrier* start = new absl::Barrier(kThreads);  // deleted by the last to pass
+    std::vector<absl::Status> results(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        if (start->Block()) delete start;
+        results[t] = store_
+                         ->CompareAndSwap("s", Stage::kIngest, cursor, version,
+                                          absl::StrCat("r", round, "t", t))
+                         .status();
+      });
+    }
+    for (std::thread& th : threads) th.join();
+    int winners = 0, winner = -1;
+    for (int t = 0; t < kThreads; ++t) {
+      if (results[t].ok()) {
+        ++winners;
+        winner = t;
+      } else {
+        EXPECT_EQ(results[t].code(), absl::StatusCode::kAborted) << results[t];
+      }
+    }
+    ASSERT_EQ(winners, 1) << "round " << round;
+    cursor = absl::StrCat("r", round, "t", winner);
+    ++version;
+    CheckpointRecord cp = Checkpoint("s");
+    EXPECT_EQ(cp.resume_cursor(), cursor);
+    EXPECT_EQ(cp.version(), version);
+  }
+}
+
+// ---- Atomicity and durability ----
+
+TEST_F(StoreTest, LargeStepIsAllThereAfterReopen) {
+  Open();
+  Seed("s");
+  std::unique_ptr<StepBatch> step = BigStep(store_.get(), "s", 2000);
+  Fence fence;
+  fence.expected_version = 0;
+  fence.barrier = Fence::Barrier{"c0", "c1"};
+  ASSERT_TRUE(store_->CommitStep(Stage::kIngest, step.get(), fence, CheckpointUpdate{}).ok());
+  store_.reset();
+  Open();
+  EXPECT_EQ(CountRows(store_.get(), "s"), 2000);
+  EXPECT_EQ(CountOutbox(store_.get(), "s"), 2000);
+  EXPECT_EQ(CountStaged(store_.get(), StagedFamily::kReceipts, "s", Stage::kIngest), 2000);
+  EXPECT_EQ(CountStaged(store_.get(), StagedFamily::kHolds, "s", Stage::kDelivery), 200);
+  EXPECT_EQ(Checkpoint("s").resume_cursor(), "c1");
+  // Flushed to tables, it is still all there.
+  ASSERT_TRUE(store_->Flush().ok());
+  Reopen();
+  EXPECT_EQ(CountRows(store_.get(), "s"), 2000);
+  absl::StatusOr<std::optional<std::string>> row = store_->GetRow("s", Position{1000, 0});
+  ASSERT_TRUE(row.ok()) << row.status();
+  ASSERT_TRUE(row->has_value());
+  EXPECT_EQ(**row, RowBytes(Position{1000, 0}));
+  absl::StatusOr<std::optional<std::string>> hold =
+      store_->GetStaged(StagedFamily::kHolds, "s", Stage::kDelivery, Position{1000, 0});
+  ASSERT_TRUE(hold.ok()) << hold.status();
+  EXPECT_TRUE(hold->has_value());
+}
+
+TEST_F(StoreTest, HighestMarksNeverDecrease) {
+  Open();
+  Seed("s");
+  auto commit = [&](std::optional<Mark> finalized, std::optional<Mark> safe) {
+    std::unique_ptr<StepBatch> step = store_->NewStep("s");
+    Fence fence;
+    fence.expected_version = Checkpoint("s").version();
+    CheckpointUpdate update;
+    update.finalized = finalized;
+    update.safe = safe;
+    absl::StatusOr<CheckpointRecord> r = store_->CommitStep(Stage::kIngest, step.get(), fence, update);
+    EXPECT_TRUE(r.ok()) << r.status();
+  };
+  commit(MarkAt(100), MarkAt(120));
+  EXPECT_EQ(Checkpoint("s").highest_finalized().number(), 100u);
+  commit(MarkAt(50), MarkAt(60));  // lower: ignored
+  EXPECT_EQ(Checkpoint("s").highest_finalized().number(), 100u);
+  EXPECT_EQ(Checkpoint("s").highest_safe().number(), 120u);
+  commit(Mark(), Mark());  // null marks (provider said nothing): ignored
+  commit(std::nullopt, std::nullopt);
+  EXPECT_EQ(Checkpoint("s").highest_finalized().number(), 100u);
+  commit(MarkAt(150), MarkAt(121));
+  Reopen();
+  EXPECT_EQ(Checkpoint("s").highest_finalized().number(), 150u);
+  EXPECT_EQ(Checkpoint("s").highest_finalized().hash(), "0x150");
+  EXPECT_EQ(Checkpoint("s").highest_safe().number(), 121u);
+  commit(MarkAt(149), MarkAt(0));
+  EXPECT_EQ(Checkpoint("s").highest_finalized().number(), 150u);
+  EXPECT_EQ(Checkpoint("s").highest_safe().number(), 121u);
+}
+
+TEST_F(StoreTest, ScanRowsOrdersLargePositions) {
+  Open();
+  Seed("s");
+  Seed("s-x");
+  const std::vector<Position> sorted = {
+      {1, 1},
+      {(uint64_t{1} << 32) - 1, 5},
+      {uint64_t{1} << 32, 0},
+      {(uint64_t{1} << 32) + 1, uint64_t{1} << 40},
+      {uint64_t{1} << 63, 0},
+      {kMax - 1, kMax},
+      {kMax, 0},
+      {kMax, kMax},
+  };
+  std::unique_ptr<StepBatch> step = store_->NewStep("s");
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const Position& p = sorted[(i * 5) % sorted.size()];  // a permutation
+    step->PutRow(p, RowBytes(p, 1));
+    step->PutReceipt(Stage::kDelivery, p, Receipt(p));
+  }
+  Fence fence;
+  ASSERT_TRUE(store_->CommitStep(Stage::kIngest, step.get(), fence, CheckpointUpdate{}).ok());
+  // A neighbour whose id extends "s" must not show up in the scans of "s".
+  std::unique_ptr<StepBatch> other = store_->NewStep("s-x");
+  other->PutRow(Position{2, 2}, RowBytes(Position{2, 2}, 1));
+  ASSERT_TRUE(store_->CommitStep(Stage::kIngest, other.get(), fence, CheckpointUpdate{}).ok());
+
+  std::vector<Position> seen;
+  ASSERT_TRUE(store_
+                  ->ScanRows("s", Position{0, 0}, Position{kMax, kMax},
+                             [&](Position p, absl::string_view) {
+                               seen.push_back(p);
+                               return true;
+                             })
+                  .ok());
+  EXPECT_EQ(seen, sorted);
+
+  seen.clear();
+  ASSERT_TRUE(store_
+                  ->ScanRows("s", Position{uint64_t{1} << 32, 0}, Position{uint64_t{1} << 63, 0},
+                             [&](Position p, absl::string_view) {
+                               seen.push_back(p);
+                               return true;
+                             })
+                  .ok());
+  EXPECT_EQ(seen, std::vector<Position>(sorted.begin() + 2, sorted.begin() + 5));
+
+  seen.clear();
+  ASSERT_TRUE(store_
+                  ->ScanStaged(StagedFamily::kReceipts, "s", Stage::kDelivery,
+                               Position{kMax - 1, 0}, Position{kMax, kMax},
+                               [&](Position p, absl::string_view) {
+                                 seen.push_back(p);
+                                 return true;
+                               })
+                  .ok());
+  EXPECT_EQ(seen, std::vector<Position>(sorted.end() - 3, sorted.end()));
+
+  // The visitor stops the scan.
+  int visited = 0;
+  ASSERT_TRUE(store_
+                  ->ScanRows("s", Position{0, 0}, Position{kMax, kMax},
+                             [&](Position, absl::string_view) { return ++visited < 3; })
+                  .ok());
+  EXPECT_EQ(visited, 3);
+}
+
+// ---- Opening: schema and foreign directories ----
+
+// Opens the database at `path` with plain RocksDB (every existing family) and runs `fn`.
+void WithRawDb(const std::string& path,
+               const std::function<void(rocksdb::DB*, const std::vector<std::string>&,
+                                        const std::vector<rocksdb::ColumnFamilyHandle*>&)>& fn) {
+  rocksdb::DBOptions options;
+  options.create_if_missing = true;
+  std::vector<std::string> names;
+  if (!rocksdb::DB::ListColumnFamilies(options, path, &names).ok()) names = {"default"};
+  std::vector<rocksdb::ColumnFamilyDescriptor> families;
+  for (const std::string& n : names) families.emplace_back(n, rocksdb::ColumnFamilyOptions());
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(options, path, families, &handles, &raw);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  std::unique_ptr<rocksdb::DB> db(raw);
+  fn(db.get(), names, handles);
+  for (rocksdb::ColumnFamilyHandle* h : handles) db->DestroyColumnFamilyHandle(h);
+  ASSERT_TRUE(db->Close().ok());
+}
+
+absl::Status OpenStatus(const std::string& path) {
+  StoreOptions options;
+  options.path = path;
+  return Store::Open(options).status();
+}
+
+TEST_F(StoreTest, RefusesAnotherSchemaVersion) {
+  Open();
+  Seed("s");
+  store_.reset();
+  WithRawDb(path_, [](rocksdb::DB* db, const std::vector<std::string>& names,
+                      const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (names[i] == "meta") {
+        ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[i], "schema_version", "2").ok());
+      }
+    }
+  });
+  absl::Status s = OpenStatus(path_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(s.message(), "schema version '2'")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "reads version 1")) << s;
+}
+
+TEST_F(StoreTest, RefusesForeignDirectory) {
+  std::filesystem::create_directories(path_);
+  std::ofstream(path_ + "/notes.txt") << "not a database\n";
+  absl::Status s = OpenStatus(path_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(s.message(), "foreign data directory")) << s;
+  // And leaves it alone.
+  EXPECT_FALSE(std::filesystem::exists(path_ + "/CURRENT"));
+}
+
+TEST_F(StoreTest, RefusesForeignRocksDb) {
+  // Another program's RocksDB using only the default family.
+  WithRawDb(path_, [](rocksdb::DB* db, const std::vector<std::string>&,
+                      const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[0], "user:1", "alice").ok());
+  });
+  absl::Status s = OpenStatus(path_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(s.message(), "no Handoff schema version")) << s;
+
+  // One with a family we do not know.
+  const std::string other = TestPath(".families");
+  WithRawDb(other, [](rocksdb::DB* db, const std::vector<std::string>&,
+                      const std::vector<rocksdb::ColumnFamilyHandle*>&) {
+    rocksdb::ColumnFamilyHandle* h = nullptr;
+    ASSERT_TRUE(db->CreateColumnFamily(rocksdb::ColumnFamilyOptions(), "accounts", &h).ok());
+    db->DestroyColumnFamilyHandle(h);
+  });
+  s = OpenStatus(other);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(s.message(), "unknown column family 'accounts'")) << s;
+}
+
+TEST_F(StoreTest, ScanReportsKeysWithoutPosition) {
+  Open();
+  Seed("s");
+  store_.reset();
+  WithRawDb(path_, [](rocksdb::DB* db, const std::vector<std::string>& names,
+                      const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (names[i] == "rows") {
+        ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[i], std::string("s\0xyz", 5), "?").ok());
+      }
+    }
+  });
+  Open();
+  absl::Status s = store_->ScanRows("s", Position{0, 0}, Position{kMax, kMax},
+                                    [](Position, absl::string_view) { return true; });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+}
+
+// ---- Sources: delete and reset ----
+
+void FillSource(Store* store, absl::string_view id) {
+  ASSERT_TRUE(store->ResetSource(id, Fresh("c0"), Fresh("")).ok());
+  handoff::v1::Source source;
+  source.mutable_spec()->set_id(std::string(id));
+  ASSERT_TRUE(store->PutSource(source).ok());
+  std::unique_ptr<StepBatch> step = BigStep(store, id, 20);
+  handoff::v1::QuarantineRecord q;
+  q.set_source_id(std::string(id));
+  step->PutQuarantine(Stage::kIngest, Position{1000, 1}, q);
+  step->PutHold(Stage::kIngest, Position{1000, 2}, HoldAt(id, Position{1000, 2}));
+  step->PutReceipt(Stage::kDelivery, Position{kMax, kMax}, Receipt(Position{kMax, kMax}));
+  Fence fence;
+  fence.expected_version = 0;
+  ASSERT_TRUE(store->CommitStep(Stage::kIngest, step.get(), fence, CheckpointUpdate{}).ok());
+}
+
+// Every key of every source in the holds, quarantine and receipts families, by source.
+std::map<std::string, int> KeysBySource(Store* store) {
+  std::map<std::string, int> out;
+  for (StagedFamily f : {StagedFamily::kHolds, StagedFamily::kQuarantine, StagedFamily::kReceipts}) {
+    EXPECT_TRUE(store
+                    ->ScanAll(f, "",
+                              [&](absl::string_view key, absl::string_view) {
+                                ++out[std::string(key.substr(0, key.find('\0')))];
+                                return true;
+                              })
+                    .ok());
+  }
+  return out;
+}
+
+TEST_F(StoreTest, DeleteSourceRemovesOnlyThatSource) {
+  Open();
+  for (const char* id : {"a", "a-b", "a0", "b"}) FillSource(store_.get(), id);
+  const std::map<std::string, int> before = KeysBySource(store_.get());
+  ASSERT_EQ(before.size(), 4u);
+
+  ASSERT_TRUE(store_->DeleteSource("a").ok());
+  Reopen();
+  EXPECT_EQ(store_->GetSource("a").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->LoadCheckpoint("a", Stage::kIngest).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(store_->LoadCheckpoint("a", Stage::kDelivery).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(CountRows(store_.get(), "a"), 0);
+  EXPECT_EQ(CountOutbox(store_.get(), "a"), 0);
+  std::map<std::string, int> after = KeysBySource(store_.get());
+  EXPECT_EQ(after.count("a"), 0u);
+  for (const char* id : {"a-b", "a0", "b"}) {
+    EXPECT_EQ(after[id], before.at(id)) << id;
+    EXPECT_EQ(CountRows(store_.get(), id), 20) << id;
+    EXPECT_EQ(CountOutbox(store_.get(), id), 20) << id;
+    EXPECT_TRUE(store_->GetSource(id).ok()) << id;
+    EXPECT_TRUE(store_->LoadCheckpoint(id, Stage::kDelivery).ok()) << id;
+  }
+  absl::StatusOr<std::vector<handoff::v1::Source>> listed = store_->ListSources("", 10);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 3u);
+  EXPECT_EQ((*listed)[0].spec().id(), "a-b");
+}
+
+TEST_F(StoreTest, ResetSourceFencesOutOldAttempts) {
+  Open();
+  FillSource(store_.get(), "s");
+  ASSERT_TRUE(store_->CompareAndSwap("s", Stage::kIngest, "c0", 0, "c1").ok());
+  ASSERT_TRUE(store_->CompareAndSwap("s", Stage::kIngest, "c1", 1, "c2").ok());  // v2
+
+  ASSERT_TRUE(store_->ResetSource("s", Fresh("100"), Fresh("")).ok());
+  CheckpointRecord ingest = Checkpoint("s");
+  EXPECT_GT(ingest.version(), 2u);
+  EXPECT_EQ(ingest.resume_cursor(), "100");
+  EXPECT_GT(Checkpoint("s", Stage::kDelivery).version(), 2u);
+  EXPECT_EQ(CountRows(store_.get(), "s"), 0);
+  EXPECT_EQ(CountStaged(store_.get(), StagedFamily::kHolds, "s", Stage::kIngest), 0);
+
+  // An attempt that loaded version 2 before the reset is fenced out.
+  std::unique_ptr<StepBatch> stale = BigStep(store_.get(), "s", 5);
+  Fence fence;
+  fence.expected_version = 2;
+  EXPECT_EQ(store_->CommitStep(Stage::kIngest, stale.get(), fence, CheckpointUpdate{}).status().code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(CountRows(store_.get(), "s"), 0);
+
+  // A requested version above the old one is kept.
+  ASSERT_TRUE(store_->ResetSource("s", Fresh("100", 50), std::nullopt).ok());
+  EXPECT_EQ(Checkpoint("s").version(), 50u);
+  EXPECT_EQ(store_->LoadCheckpoint("s", Stage::kDelivery).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(StoreTest, RecreatedSourceFencesOutAttemptsOfTheDeletedOne) {
+  Open();
+  FillSource(store_.get(), "s");
+  ASSERT_TRUE(store_->CompareAndSwap("s", Stage::kIngest, "c0", 0, "c1").ok());  // v1
+  ASSERT_TRUE(store_->DeleteSource("s").ok());
+  Reopen();
+  ASSERT_TRUE(store_->ResetSource("s", Fresh("c0"), std::nullopt).ok());
+  EXPECT_GT(Checkpoint("s").version(), 1u);
+  // An attempt of the deleted source (version 1, or 0 before its CAS) cannot commit.
+  for (uint64_t old : {0, 1}) {
+    std::unique_ptr<StepBatch> stale = BigStep(store_.get(), "s", 3);
+    Fence fence;
+    fence.expected_version = old;
+    EXPECT_EQ(store_->CommitStep(Stage::kIngest, stale.get(), fence, CheckpointUpdate{}).status().code(),
+              absl::StatusCode::kAborted);
+  }
+  EXPECT_EQ(CountRows(store_.get(), "s"), 0);
+}
+
+// ---- Storage failures (FaultInjectionFs) ----
+
+class StoreFaultTest : public StoreTest {
+ protected:
+  void SetUp() override {
+    StoreTest::SetUp();
+    UseFaultInjection();
+    Open();
+    Seed("s");
+    ASSERT_TRUE(store_->CompareAndSwap("s", Stage::kIngest, "c0", 0, "c1").ok());  // v1
+  }
+
+  void Arm(uint32_t ops, FaultInjectionFs::Error error, uint64_t after = 0,
+           const std::string& suffix = ".log") {
+    FaultInjectionFs::Fault fault;
+    fault.ops = ops;
+    fault.error = error;
+    fault.after = after;
+    fault.file_suffix = suffix;
+    fs_->Arm(fault);
+  }
+
+  absl::Status CommitBigStep(int rows = 300) {
+    std::unique_ptr<StepBatch> step = BigStep(store_.get(), "s", rows);
+    const int ops = step->count();
+    Fence fence;
+    fence.expected_version = 1;
+    fence.barrier = Fence::Barrier{"c1", "c2"};
+    CheckpointUpdate update;
+    update.applied = Position{2000, 0};
+    absl::Status s = store_->CommitStep(Stage::kIngest, step.get(), fence, update).status();
+    if (!s.ok()) {
+      EXPECT_EQ(step->count(), ops) << "a failed commit must leave the step as built";
+    }
+    return s;
+  }
+
+  // After a failed write: sticky refusal, then nothing of the step after reopen.
+  void ExpectRefusedThenUnchanged(bool drop_unsynced) {
+    EXPECT_EQ(store_->health().code(), absl::StatusCode::kUnavailable);
+    absl::Status again = CommitBigStep(1);
+    EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+    EXPECT_TRUE(absl::StrContains(again.message(), "earlier write failure")) << again;
+    handoff::v1::Source source;
+    source.mutable_spec()->set_id("t");
+    EXPECT_EQ(store_->PutSource(source).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(store_->CompareAndSwap("s", Stage::kIngest, "c1", 1, "c2").status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    // Reads still work and see the old checkpoint.
+    EXPECT_EQ(Checkpoint("s").version(), 1u);
+
+    // Close with the fault still armed (nothing more reaches the disk), then reopen.
+    store_.reset();
+    if (drop_unsynced) ASSERT_OK(fs_->DropUnsyncedData());
+    fs_->Disarm();
+    Open();
+    EXPECT_TRUE(store_->health().ok());
+    CheckpointRecord cp = Checkpoint("s");
+    EXPECT_EQ(cp.version(), 1u);
+    EXPECT_EQ(cp.resume_cursor(), "c1");
+    EXPECT_FALSE(cp.has_applied());
+    EXPECT_EQ(CountRows(store_.get(), "s"), 0);
+    EXPECT_EQ(CountOutbox(store_.get(), "s"), 0);
+    EXPECT_EQ(CountStaged(store_.get(), StagedFamily::kReceipts, "s", Stage::kIngest), 0);
+    EXPECT_EQ(CountStaged(store_.get(), StagedFamily::kHolds, "s", Stage::kDelivery), 0);
+    // Writable again after the reopen.
+    EXPECT_TRUE(CommitBigStep(10).ok());
+  }
+};
+
+TEST_F(StoreFaultTest, WalAppendFailureIsUnavailableAndWritesNothing) {
+  Arm(FaultInjectionFs::kAppend, FaultInjectionFs::Error::kIoError);
+  absl::Status s = CommitBigStep();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "commit step of s")) << s;
+  EXPECT_GE(fs_->injected(), 1u);
+  ExpectRefusedThenUnchanged(/*drop_unsynced=*/false);
+}
+
+TEST_F(StoreFaultTest, WalSyncFailureIsUnavailableAndLostOnPowerLoss) {
+  Arm(FaultInjectionFs::kSync, FaultInjectionFs::Error::kIoError);
+  absl::Status s = CommitBigStep();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  // The record reached the file but not the disk: its fate is unknown until the next
+  // crash. A power loss now drops it; the store never reported it committed.
+  EXPECT_GT(fs_->unsynced_bytes(), 0u);
+  ExpectRefusedThenUnchanged(/*drop_unsynced=*/true);
+}
+
+TEST_F(StoreFaultTest, DiskFullIsUnavailableAndWritesNothing) {
+  Arm(FaultInjectionFs::kAppend | FaultInjectionFs::kSync | FaultInjectionFs::kCreate,
+      FaultInjectionFs::Error::kNoSpace, 0, "");
+  absl::Status s = CommitBigStep();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "No space")) << s;
+  ExpectRefusedThenUnchanged(/*drop_unsynced=*/false);
+}
+
+TEST_F(StoreFaultTest, FailureAfterSuccessfulAppendsKeepsTheEarlierCommits) {
+  // Two more WAL appends succeed, the third fails: two commits, then a failure.
+  Arm(FaultInjectionFs::kAppend, FaultInjectionFs::Error::kIoError, /*after=*/2);
+  std::string cursor = "c1";
+  uint64_t version = 1;
+  absl::Status s;
+  int committed = 0;
+  for (; committed < 5; ++committed) {
+    const std::string next = absl::StrCat("n", committed);
+    s = store_->CompareAndSwap("s", Stage::kIngest, cursor, version, next).status();
+    if (!s.ok()) break;
+    cursor = next;
+    ++version;
+  }
+  EXPECT_EQ(committed, 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  store_.reset();
+  fs_->Disarm();
+  ASSERT_OK(fs_->DropUnsyncedData());
+  Open();
+  EXPECT_EQ(Checkpoint("s").version(), version);
+  EXPECT_EQ(Checkpoint("s").resume_cursor(), cursor);
+}
+
+TEST_F(StoreFaultTest, FileCreationFailureStopsWritesAndKeepsCommittedSteps) {
+  // A small memtable fills up: the next write must switch to a new WAL file, and
+  // creating it fails.
+  store_.reset();
+  Open(/*sync=*/true, /*write_buffer_bytes=*/64 << 10);
+  Arm(FaultInjectionFs::kCreate, FaultInjectionFs::Error::kIoError);
+  std::string cursor = "c1";
+  uint64_t version = 1;
+  absl::Status s;
+  int committed = 0;
+  for (; committed < 20; ++committed) {
+    std::unique_ptr<StepBatch> step =
+        BigStep(store_.get(), "s", 200, 10000 * static_cast<uint64_t>(committed + 1));
+    Fence fence;
+    fence.expected_version = version;
+    const std::string next = absl::StrCat("n", committed);
+    fence.barrier = Fence::Barrier{cursor, next};
+    s = store_->CommitStep(Stage::kIngest, step.get(), fence, CheckpointUpdate{}).status();
+    if (!s.ok()) break;
+    cursor = next;
+    ++version;
+  }
+  ASSERT_LT(committed, 20) << "no file was created";
+  EXPECT_GE(committed, 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_EQ(CommitBigStep(1).code(), absl::StatusCode::kFailedPrecondition);
+  store_.reset();
+  fs_->Disarm();
+  Open();
+  EXPECT_EQ(Checkpoint("s").version(), version);
+  EXPECT_EQ(Checkpoint("s").resume_cursor(), cursor);
+  EXPECT_EQ(CountRows(store_.get(), "s"), committed * 200);
+}
+
+TEST_F(StoreFaultTest, SyncedCommitsSurvivePowerLossUnsyncedOnesDoNot) {
+  // Synced (the default): survives.
+  ASSERT_TRUE(CommitBigStep(50).ok());  // v2, cursor c2
+  fs_->Deactivate();
+  store_.reset();
+  ASSERT_OK(fs_->DropUnsyncedData());
+  fs_->Reactivate();
+  Open();
+  EXPECT_EQ(Checkpoint("s").version(), 2u);
+  EXPECT_EQ(CountRows(store_.get(), "s"), 50);
+
+  // Not synced: lost with the power, and the database still opens at the synced state.
+  store_.reset();
+  Open(/*sync=*/false);
+  ASSERT_TRUE(store_->CompareAndSwap("s", Stage::kIngest, "c2", 2, "c3").ok());
+  EXPECT_GT(fs_->unsynced_bytes(), 0u);
+  fs_->Deactivate();
+  store_.reset();
+  ASSERT_OK(fs_->DropUnsyncedData());
+  fs_->Reactivate();
+  Open();
+  EXPECT_EQ(Checkpoint("s").version(), 2u);
+  EXPECT_EQ(Checkpoint("s").resume_cursor(), "c2");
+  EXPECT_EQ(CountRows(store_.get(), "s"), 50);
+}
+
+}  // namespace
+}  // namespace handoff::store

@@ -29,6 +29,7 @@
 #include "consumer/observer.h"
 #include "consumer/provider.h"
 #include "consumer/sink.h"
+#include "consumer/source_worker.h"
 #include "handoff/v1/consumer_admin.pb.h"
 #include "handoff/v1/source.pb.h"
 #include "store/store.h"
@@ -55,6 +56,10 @@ struct SourceManagerOptions {
   int max_events_per_step = 1000;
   // Stop waits at most this long for a worker to reach a safe point.
   absl::Duration stop_timeout = absl::Seconds(30);
+  // Worker tuning (backoff between fetch retries, delivery runs, ...).
+  WorkerOptions worker;
+  // Tests: an extra transactional effect staged with every applied event (not owned).
+  TransactionalEffect* effect = nullptr;
 };
 
 class SourceManager {

@@ -1,0 +1,615 @@
+#include "consumer/page_attempt.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "consumer/fault_points.h"
+#include "consumer/page_validator.h"
+#include "consumer/receipt_ledger.h"
+#include "store/records.pb.h"
+
+namespace handoff::consumer {
+namespace {
+
+using Kind = PageAttempt::Result::Kind;
+
+std::string PointName(store::Stage stage, const char* point) {
+  return absl::StrCat(stage == store::Stage::kIngest ? "ingest." : "delivery.", point);
+}
+
+store::ReceiptOutcome OutcomeOf(Decision::Kind kind) {
+  switch (kind) {
+    case Decision::Kind::kIgnored:
+      return store::RECEIPT_IGNORED;
+    case Decision::Kind::kQuarantined:
+      return store::RECEIPT_QUARANTINED;
+    default:
+      return store::RECEIPT_APPLIED;
+  }
+}
+
+handoff::v1::Stage PublicStage(store::Stage stage) {
+  return stage == store::Stage::kIngest ? handoff::v1::STAGE_INGEST : handoff::v1::STAGE_DELIVERY;
+}
+
+store::Mark ToMark(const BlockMarkValue& m) {
+  store::Mark mark;
+  mark.set_present(true);
+  mark.set_number(m.number);
+  mark.set_hash(m.hash);
+  return mark;
+}
+
+}  // namespace
+
+PageAttempt::PageAttempt(const AttemptConfig& config, store::CheckpointRecord checkpoint,
+                         Page page)
+    : config_(config),
+      request_cursor_(checkpoint.resume_cursor()),
+      request_version_(checkpoint.version()),
+      page_(std::move(page)),
+      checkpoint_(std::move(checkpoint)),
+      backoff_(BackoffOf(config.policy)) {}
+
+PageAttempt::Result PageAttempt::Make(Kind kind, std::string detail, absl::Status status) {
+  Result r;
+  r.kind = kind;
+  r.detail = std::move(detail);
+  r.status = std::move(status);
+  return r;
+}
+
+PageAttempt::Result PageAttempt::Run() {
+  if (Cancelled()) return Make(Kind::kCancelled);
+  if (!validated_) {
+    Result r = Validate();
+    if (!validated_) return r;
+  } else {
+    absl::Status s = RefreshBlocked();
+    if (!s.ok()) return Make(Kind::kStorageFailed, std::string(s.message()), s);
+  }
+  return config_.sink != nullptr ? ProcessWithSink() : ProcessLocal();
+}
+
+PageAttempt::Result PageAttempt::Validate() {
+  std::optional<std::pair<Position, Position>> range;
+  if (config_.stage == store::Stage::kIngest) {
+    range = PageRange(page_);
+  } else if (!page_.items.empty()) {
+    range = std::make_pair(PositionOf(page_.items.front()), PositionOf(page_.items.back()));
+  }
+  ReceiptLedger ledger;
+  if (range.has_value()) {
+    absl::StatusOr<ReceiptLedger> loaded = ReceiptLedger::Load(
+        *config_.store, config_.source_id, config_.stage, range->first, range->second);
+    if (!loaded.ok()) {
+      return Make(Kind::kStorageFailed, std::string(loaded.status().message()), loaded.status());
+    }
+    ledger = *std::move(loaded);
+  }
+  if (checkpoint_.has_applied()) {
+    base_applied_ = Position{checkpoint_.applied_block(), checkpoint_.applied_log_index()};
+  }
+  if (config_.stage == store::Stage::kIngest) {
+    PageVerdict verdict = ValidatePage(page_, request_cursor_, checkpoint_, ledger);
+    if (!verdict.violation.empty()) return Make(Kind::kViolation, verdict.violation);
+    if (verdict.nothing_new) return Make(Kind::kNothingNew);
+    orphans_ = std::move(verdict.orphans);
+    correction_depth_ = verdict.correction_depth;
+    if (verdict.clear_applied) {
+      base_applied_.reset();
+      clear_applied_ = true;
+    } else if (verdict.rewound_applied.has_value() && base_applied_.has_value()) {
+      base_applied_ = std::min(*base_applied_, *verdict.rewound_applied);
+    }
+    if (!orphans_.empty() && config_.write_outbox) {
+      // A correction must not reach an event that was already delivered downstream.
+      std::vector<Position> delivered;
+      absl::Status s = config_.store->ScanStaged(
+          store::StagedFamily::kReceipts, config_.source_id, store::Stage::kDelivery,
+          range->first, range->second, [&](Position pos, absl::string_view) {
+            if (std::binary_search(orphans_.begin(), orphans_.end(), pos)) {
+              delivered.push_back(pos);
+            }
+            return true;
+          });
+      if (!s.ok()) return Make(Kind::kStorageFailed, std::string(s.message()), s);
+      if (!delivered.empty() && config_.delivered_orphan_is_violation) {
+        return Make(Kind::kViolation,
+                    absl::StrCat("correction page from block ", page_.from,
+                                 " replaces event ", delivered.front().DebugString(),
+                                 " that was already delivered as finalized"));
+      }
+    }
+    orphans_pending_ = !orphans_.empty() || page_.reorg;
+  }
+  slots_.resize(page_.items.size());
+  for (size_t i = 0; i < page_.items.size(); ++i) {
+    const handoff::v1::EventRow& row = page_.items[i];
+    Slot& slot = slots_[i];
+    slot.pos = PositionOf(row);
+    const ReceiptLedger::Entry* entry = ledger.Find(slot.pos);
+    if (entry == nullptr) continue;
+    if (!entry->terminal_hash.empty() && entry->terminal_hash == row.block_hash()) {
+      slot.state = SlotState::kTerminal;
+      ++replayed_;
+    } else if (entry->hold.has_value() && entry->hold->event().block_hash() == row.block_hash()) {
+      slot.hold = entry->hold;
+      slot.state = entry->hold->kind() == handoff::v1::HOLD_KIND_RETRYING ? SlotState::kRetrying
+                                                                          : SlotState::kHeld;
+    }
+  }
+  validated_ = true;
+  return Make(Kind::kPromoted);  // ignored by Run(): validation passed
+}
+
+absl::Status PageAttempt::RefreshBlocked() {
+  // A hold may have been resolved while we waited: QUARANTINE/IGNORE wrote a terminal
+  // receipt (and removed the hold), RETRY removed the hold.
+  size_t first = FirstNonTerminal();
+  if (first >= slots_.size()) return absl::OkStatus();
+  absl::StatusOr<ReceiptLedger> ledger =
+      ReceiptLedger::Load(*config_.store, config_.source_id, config_.stage, slots_[first].pos,
+                          slots_.back().pos);
+  if (!ledger.ok()) return ledger.status();
+  for (size_t i = first; i < slots_.size(); ++i) {
+    Slot& slot = slots_[i];
+    if (slot.state == SlotState::kTerminal) continue;
+    const ReceiptLedger::Entry* entry = ledger->Find(slot.pos);
+    const std::string& hash = page_.items[i].block_hash();
+    if (entry != nullptr && entry->terminal_hash == hash) {
+      slot.state = SlotState::kTerminal;
+      slot.hold.reset();
+    } else if (entry != nullptr && entry->hold.has_value() &&
+               entry->hold->event().block_hash() == hash) {
+      bool changed = !slot.hold.has_value() || slot.hold->version() != entry->hold->version();
+      slot.hold = entry->hold;
+      if (entry->hold->kind() == handoff::v1::HOLD_KIND_RETRYING) {
+        slot.state = SlotState::kRetrying;
+        if (changed) slot.retry_at = absl::InfinitePast();
+      } else {
+        slot.state = SlotState::kHeld;
+      }
+    } else if (slot.state != SlotState::kPending) {
+      // RETRY resolution: the hold is gone; deliver again now, attempts reset.
+      slot.state = SlotState::kPending;
+      slot.hold.reset();
+      slot.retry_at = absl::InfinitePast();
+    }
+  }
+  return absl::OkStatus();
+}
+
+size_t PageAttempt::FirstNonTerminal() const {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].state != SlotState::kTerminal) return i;
+  }
+  return slots_.size();
+}
+
+std::optional<Position> PageAttempt::AppliedAfter(const std::vector<size_t>& newly) const {
+  std::optional<Position> end;
+  size_t k = 0;  // `newly` is sorted
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    while (k < newly.size() && newly[k] < i) ++k;
+    bool terminal = slots_[i].state == SlotState::kTerminal || (k < newly.size() && newly[k] == i);
+    if (!terminal) break;
+    end = slots_[i].pos;
+  }
+  if (!end.has_value()) return base_applied_;
+  if (base_applied_.has_value() && *base_applied_ > *end) return base_applied_;
+  return end;
+}
+
+handoff::v1::Finality PageAttempt::FinalityOf(const handoff::v1::EventRow& row) const {
+  if (config_.stage == store::Stage::kDelivery) {
+    return config_.gate == handoff::v1::DELIVERY_GATE_SAFE ? handoff::v1::FINALITY_SAFE
+                                                           : handoff::v1::FINALITY_FINALIZED;
+  }
+  uint64_t finalized = checkpoint_.highest_finalized().present()
+                           ? checkpoint_.highest_finalized().number()
+                           : 0;
+  bool has_finalized = checkpoint_.highest_finalized().present();
+  if (page_.finalized.has_value() && (!has_finalized || page_.finalized->number > finalized)) {
+    finalized = page_.finalized->number;
+    has_finalized = true;
+  }
+  if (has_finalized && row.block_number() <= finalized) return handoff::v1::FINALITY_FINALIZED;
+  uint64_t safe = checkpoint_.highest_safe().present() ? checkpoint_.highest_safe().number() : 0;
+  bool has_safe = checkpoint_.highest_safe().present();
+  if (page_.safe.has_value() && (!has_safe || page_.safe->number > safe)) {
+    safe = page_.safe->number;
+    has_safe = true;
+  }
+  if (has_safe && row.block_number() <= safe) return handoff::v1::FINALITY_SAFE;
+  return handoff::v1::FINALITY_LATEST;
+}
+
+void PageAttempt::StageOrphans(store::StepBatch* step) {
+  if (!orphans_pending_) return;
+  for (Position pos : orphans_) {
+    step->DeleteRow(pos);
+    step->DeleteReceipt(store::Stage::kIngest, pos);
+    step->DeleteQuarantine(store::Stage::kIngest, pos);
+    step->DeleteHold(store::Stage::kIngest, pos);
+    if (config_.write_outbox) {
+      step->DeleteOutbox(pos);
+      step->DeleteReceipt(store::Stage::kDelivery, pos);
+      step->DeleteHold(store::Stage::kDelivery, pos);
+    }
+  }
+}
+
+absl::Status PageAttempt::StageTerminal(size_t i, Decision::Kind kind, const std::string& reason,
+                                        store::StepBatch* step) {
+  const handoff::v1::EventRow& row = page_.items[i];
+  const Position pos = slots_[i].pos;
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  if (config_.stage == store::Stage::kIngest) {
+    std::string bytes = row.SerializeAsString();
+    step->PutRow(pos, bytes);
+    if (config_.write_outbox) step->PutOutbox(pos, bytes);
+    if (config_.effect != nullptr && kind == Decision::Kind::kApplied) {
+      absl::Status s = config_.effect->Stage(config_.source_id, row, step);
+      if (!s.ok()) return s;
+    }
+  } else {
+    step->DeleteOutbox(pos);
+  }
+  if (config_.stage == store::Stage::kDelivery || kind != Decision::Kind::kApplied) {
+    store::ReceiptRecord receipt;
+    receipt.set_block_hash(row.block_hash());
+    receipt.set_outcome(OutcomeOf(kind));
+    receipt.set_unix_ms(now_ms);
+    step->PutReceipt(config_.stage, pos, receipt);
+  }
+  if (kind != Decision::Kind::kApplied) {
+    handoff::v1::QuarantineRecord rec;
+    rec.set_source_id(config_.source_id);
+    rec.set_stage(PublicStage(config_.stage));
+    rec.mutable_event()->set_block_number(pos.block);
+    rec.mutable_event()->set_log_index(pos.log_index);
+    rec.mutable_event()->set_block_hash(row.block_hash());
+    rec.set_disposition(kind == Decision::Kind::kIgnored ? handoff::v1::DISPOSITION_IGNORED
+                                                          : handoff::v1::DISPOSITION_QUARANTINED);
+    rec.set_reason(reason);
+    rec.set_actor("policy");
+    rec.set_decided_unix_ms(now_ms);
+    step->PutQuarantine(config_.stage, pos, rec);
+  }
+  if (slots_[i].hold.has_value()) step->DeleteHold(config_.stage, pos);
+  return absl::OkStatus();
+}
+
+handoff::v1::Hold PageAttempt::MakeHold(size_t i, handoff::v1::HoldKind kind, const Decision& d,
+                                        const SinkAnswer& answer, uint32_t attempts) const {
+  const handoff::v1::EventRow& row = page_.items[i];
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  handoff::v1::Hold hold;
+  const std::optional<handoff::v1::Hold>& old = slots_[i].hold;
+  hold.set_source_id(config_.source_id);
+  hold.set_stage(PublicStage(config_.stage));
+  hold.mutable_event()->set_block_number(row.block_number());
+  hold.mutable_event()->set_log_index(row.log_index());
+  hold.mutable_event()->set_block_hash(row.block_hash());
+  hold.set_kind(kind);
+  hold.set_reason(d.reason);
+  hold.set_attempts(attempts);
+  hold.set_first_seen_unix_ms(old.has_value() ? old->first_seen_unix_ms() : now_ms);
+  hold.set_last_seen_unix_ms(now_ms);
+  hold.set_last_sink_answer(answer.message.empty()
+                                ? AnswerName(answer.kind)
+                                : absl::StrCat(AnswerName(answer.kind), ": ", answer.message));
+  hold.set_version(old.has_value() ? old->version() + 1 : 1);
+  *hold.mutable_event_row() = row;
+  return hold;
+}
+
+std::optional<PageAttempt::Result> PageAttempt::CommitSlots(
+    store::StepBatch* step, const std::vector<size_t>& newly, store::CounterRecord deltas,
+    bool with_barrier, const char* before_point, const char* after_point) {
+  store::CheckpointUpdate update;
+  update.applied = AppliedAfter(newly);
+  if (clear_applied_ && !update.applied.has_value()) update.clear_applied = true;
+  if (!replays_counted_) {
+    deltas.set_replayed(deltas.replayed() + replayed_);
+    replays_counted_ = true;
+  }
+  const bool had_orphans = orphans_pending_;
+  if (orphans_pending_) {
+    StageOrphans(step);
+    if (page_.reorg) {
+      deltas.set_corrections(deltas.corrections() + 1);
+      deltas.set_max_correction_depth(correction_depth_);
+    }
+  }
+  store::Fence fence;
+  fence.expected_version = request_version_;
+  if (with_barrier) {
+    fence.barrier = store::Fence::Barrier{request_cursor_, page_.next};
+    deltas.set_pages_committed(deltas.pages_committed() + 1);
+    if (config_.stage == store::Stage::kIngest) {
+      if (page_.finalized.has_value()) update.finalized = ToMark(*page_.finalized);
+      if (page_.safe.has_value()) update.safe = ToMark(*page_.safe);
+      if (page_.tip.has_value()) update.tip = *page_.tip;
+      update.covered_through = page_.through.has_value()
+                                   ? std::optional<uint64_t>(page_.through->number)
+                                   : std::optional<uint64_t>();
+    }
+  }
+  update.counter_deltas = deltas;
+
+  if (before_point != nullptr && FaultPoints::Hit(PointName(config_.stage, before_point))) {
+    return Make(Kind::kCrashed, before_point);
+  }
+  if (with_barrier && FaultPoints::Hit(PointName(config_.stage, "before_barrier"))) {
+    return Make(Kind::kCrashed, "before_barrier");
+  }
+  const int events = static_cast<int>(newly.size());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<store::CheckpointRecord> committed =
+      config_.store->CommitStep(config_.stage, step, fence, update);
+  if (!committed.ok()) {
+    if (absl::IsAborted(committed.status())) {
+      return Make(Kind::kLostRace, std::string(committed.status().message()), committed.status());
+    }
+    return Make(Kind::kStorageFailed, std::string(committed.status().message()),
+                committed.status());
+  }
+  checkpoint_ = *std::move(committed);
+  for (size_t i : newly) {
+    slots_[i].state = SlotState::kTerminal;
+    slots_[i].hold.reset();
+  }
+  if (had_orphans) {
+    orphans_pending_ = false;
+    if (page_.reorg && config_.observer != nullptr) {
+      config_.observer->OnCorrection(config_.source_id, correction_depth_);
+    }
+  }
+  clear_applied_ = false;
+  if (config_.observer != nullptr) {
+    config_.observer->OnCommit(config_.source_id, events, absl::Now() - start);
+  }
+  if (after_point != nullptr && FaultPoints::Hit(PointName(config_.stage, after_point))) {
+    return Make(Kind::kCrashed, after_point);
+  }
+  if (with_barrier) {
+    if (config_.observer != nullptr) config_.observer->OnPageCommitted(config_.source_id);
+    if (FaultPoints::Hit(PointName(config_.stage, "after_barrier"))) {
+      return Make(Kind::kCrashed, "after_barrier");
+    }
+    return Make(Kind::kPromoted);
+  }
+  return std::nullopt;
+}
+
+PageAttempt::Result PageAttempt::ProcessLocal() {
+  const size_t n = slots_.size();
+  const size_t per_step = static_cast<size_t>(std::max(1, config_.max_events_per_step));
+  for (size_t i = FirstNonTerminal(); i < n; i = FirstNonTerminal()) {
+    if (Cancelled()) return Make(Kind::kCancelled);
+    if (slots_[i].state == SlotState::kHeld) {
+      return Make(Kind::kBlockedOnHold, absl::StrCat("event ", slots_[i].pos.DebugString(),
+                                                     " is held: ", slots_[i].hold->reason()));
+    }
+    std::unique_ptr<store::StepBatch> step = config_.store->NewStep(config_.source_id);
+    std::vector<size_t> newly;
+    size_t j = i;
+    for (; j < n && newly.size() < per_step; ++j) {
+      if (slots_[j].state == SlotState::kTerminal) continue;
+      if (slots_[j].state == SlotState::kHeld) break;
+      absl::Status s = StageTerminal(j, Decision::Kind::kApplied, "", step.get());
+      if (!s.ok()) return Make(Kind::kStorageFailed, std::string(s.message()), s);
+      newly.push_back(j);
+    }
+    store::CounterRecord deltas;
+    deltas.set_applied(newly.size());
+    const bool last = config_.fuse_barrier && j == n;
+    std::optional<Result> r = CommitSlots(step.get(), newly, deltas, last, "before_event_commit",
+                                          "after_event_commit");
+    if (r.has_value()) return *r;
+  }
+  return Barrier();
+}
+
+PageAttempt::Result PageAttempt::ProcessWithSink() {
+  const size_t n = slots_.size();
+  const size_t max_batch = static_cast<size_t>(std::max(1, config_.sink->max_batch()));
+  while (true) {
+    const size_t first = FirstNonTerminal();
+    if (first >= n) return Barrier();
+    if (Cancelled()) return Make(Kind::kCancelled);
+    const absl::Time now = absl::Now();
+    std::vector<size_t> batch;
+    for (size_t j = first; j < n && batch.size() < max_batch; ++j) {
+      const Slot& s = slots_[j];
+      if (s.state == SlotState::kTerminal) continue;
+      if (s.state == SlotState::kHeld) break;
+      if (s.state == SlotState::kRetrying && s.retry_at > now) break;
+      batch.push_back(j);
+    }
+    if (batch.empty()) {
+      for (size_t j = first; j < n; ++j) {
+        const Slot& s = slots_[j];
+        if (s.state == SlotState::kHeld) {
+          return Make(Kind::kBlockedOnHold,
+                      absl::StrCat("event ", s.pos.DebugString(), " is held for an operator: ",
+                                   s.hold->reason()));
+        }
+        if (s.state == SlotState::kRetrying) {
+          Result r = Make(Kind::kRetryLater, absl::StrCat("event ", s.pos.DebugString(),
+                                                          " is retrying: ", s.hold->reason()));
+          r.retry_at = s.retry_at;
+          return r;
+        }
+      }
+      return Barrier();
+    }
+
+    std::vector<Delivery> deliveries(batch.size());
+    for (size_t k = 0; k < batch.size(); ++k) {
+      const handoff::v1::EventRow& row = page_.items[batch[k]];
+      deliveries[k].idempotency_key = IdempotencyKey(config_.source_id, row);
+      deliveries[k].row = &row;
+      deliveries[k].finality = FinalityOf(row);
+    }
+    std::vector<SinkAnswer> answers = config_.sink->Deliver(config_.source_id, deliveries);
+    if (FaultPoints::Hit(PointName(config_.stage, "after_deliver"))) {
+      return Make(Kind::kCrashed, "after_deliver");
+    }
+    if (Cancelled()) return Make(Kind::kCancelled);
+
+    std::unique_ptr<store::StepBatch> step = config_.store->NewStep(config_.source_id);
+    std::vector<size_t> newly;
+    std::vector<std::pair<size_t, std::string>> quarantines;
+    std::vector<std::pair<size_t, handoff::v1::Hold>> holds;
+    std::vector<absl::Time> retry_at(batch.size(), absl::InfinitePast());
+    store::CounterRecord deltas;
+    bool progressed = false;
+    for (size_t k = 0; k < batch.size(); ++k) {
+      const size_t j = batch[k];
+      SinkAnswer answer = k < answers.size() ? answers[k] : SinkAnswer{};
+      const uint32_t attempts = (slots_[j].hold.has_value() ? slots_[j].hold->attempts() : 0) + 1;
+      Decision d = Classify(answer, attempts, config_.policy);
+      switch (d.kind) {
+        case Decision::Kind::kApplied:
+        case Decision::Kind::kIgnored: {
+          absl::Status s = StageTerminal(j, d.kind, d.reason, step.get());
+          if (!s.ok()) return Make(Kind::kStorageFailed, std::string(s.message()), s);
+          newly.push_back(j);
+          if (d.kind == Decision::Kind::kApplied) {
+            deltas.set_applied(deltas.applied() + 1);
+            deltas.set_delivered(deltas.delivered() + 1);
+          } else {
+            deltas.set_ignored(deltas.ignored() + 1);
+          }
+          progressed = true;
+          break;
+        }
+        case Decision::Kind::kQuarantined:
+          quarantines.emplace_back(j, d.reason);
+          progressed = true;
+          break;
+        case Decision::Kind::kReview:
+        case Decision::Kind::kDeadLetter: {
+          handoff::v1::Hold hold = MakeHold(j,
+                                            d.kind == Decision::Kind::kReview
+                                                ? handoff::v1::HOLD_KIND_OPERATOR_REVIEW
+                                                : handoff::v1::HOLD_KIND_RETRYABLE_DEAD_LETTER,
+                                            d, answer, attempts);
+          step->PutHold(config_.stage, slots_[j].pos, hold);
+          holds.emplace_back(j, std::move(hold));
+          break;
+        }
+        case Decision::Kind::kRetry: {
+          // Transport errors do not count towards dead-lettering.
+          uint32_t counted = answer.kind == SinkAnswer::Kind::kTransportError ? attempts - 1
+                                                                               : attempts;
+          handoff::v1::Hold hold =
+              MakeHold(j, handoff::v1::HOLD_KIND_RETRYING, d, answer, counted);
+          step->PutHold(config_.stage, slots_[j].pos, hold);
+          holds.emplace_back(j, std::move(hold));
+          retry_at[k] = absl::Now() + backoff_.Next(d.retry_after);
+          if (config_.observer != nullptr) config_.observer->OnRetry(config_.source_id);
+          break;
+        }
+      }
+    }
+    if (progressed) backoff_.Reset();
+    const bool all_terminal_after =
+        quarantines.empty() && holds.empty() && [&] {
+          size_t k = 0;
+          for (size_t i = 0; i < n; ++i) {
+            while (k < newly.size() && newly[k] < i) ++k;
+            if (slots_[i].state != SlotState::kTerminal && !(k < newly.size() && newly[k] == i)) {
+              return false;
+            }
+          }
+          return true;
+        }();
+    std::optional<Result> r =
+        CommitSlots(step.get(), newly, deltas, config_.fuse_barrier && all_terminal_after,
+                    "before_event_commit", "after_event_commit");
+    // Holds are durable now (or the attempt ends): mirror them in memory.
+    if (!r.has_value() || r->kind == Kind::kPromoted || r->kind == Kind::kCrashed) {
+      for (size_t h = 0; h < holds.size(); ++h) {
+        const size_t j = holds[h].first;
+        slots_[j].hold = holds[h].second;
+        if (holds[h].second.kind() == handoff::v1::HOLD_KIND_RETRYING) {
+          slots_[j].state = SlotState::kRetrying;
+          for (size_t k = 0; k < batch.size(); ++k) {
+            if (batch[k] == j) slots_[j].retry_at = retry_at[k];
+          }
+        } else {
+          slots_[j].state = SlotState::kHeld;
+        }
+      }
+    }
+    if (r.has_value()) return *r;
+    if (!quarantines.empty()) {
+      // Quarantine receipts get their own durable step: until it commits, the decision
+      // lives only in memory and blocks the prefix.
+      std::unique_ptr<store::StepBatch> qstep = config_.store->NewStep(config_.source_id);
+      std::vector<size_t> qnewly;
+      store::CounterRecord qdeltas;
+      for (const auto& [j, reason] : quarantines) {
+        absl::Status s = StageTerminal(j, Decision::Kind::kQuarantined, reason, qstep.get());
+        if (!s.ok()) return Make(Kind::kStorageFailed, std::string(s.message()), s);
+        qnewly.push_back(j);
+      }
+      qdeltas.set_quarantined(qnewly.size());
+      bool all_terminal = holds.empty();
+      if (all_terminal) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; ++i) {
+          while (k < qnewly.size() && qnewly[k] < i) ++k;
+          if (slots_[i].state != SlotState::kTerminal && !(k < qnewly.size() && qnewly[k] == i)) {
+            all_terminal = false;
+            break;
+          }
+        }
+      }
+      std::optional<Result> qr =
+          CommitSlots(qstep.get(), qnewly, qdeltas, config_.fuse_barrier && all_terminal,
+                      "before_quarantine_commit", "after_quarantine_commit");
+      if (qr.has_value()) return *qr;
+    }
+  }
+}
+
+PageAttempt::Result PageAttempt::Barrier() {
+  std::unique_ptr<store::StepBatch> step = config_.store->NewStep(config_.source_id);
+  std::optional<Result> r =
+      CommitSlots(step.get(), {}, store::CounterRecord(), /*with_barrier=*/true, nullptr, nullptr);
+  return r.has_value() ? *r : Make(Kind::kPromoted);
+}
+
+handoff::v1::PageAttemptInfo PageAttempt::Info() const {
+  handoff::v1::PageAttemptInfo info;
+  info.set_request_cursor(request_cursor_);
+  info.set_request_version(request_version_);
+  info.set_next_cursor(page_.next);
+  info.set_events_total(slots_.empty() ? page_.items.size() : slots_.size());
+  uint32_t done = 0;
+  bool blocking_set = false;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].state == SlotState::kTerminal) {
+      ++done;
+    } else if (!blocking_set) {
+      blocking_set = true;
+      handoff::v1::EventRef* ref = info.mutable_first_blocking_event();
+      ref->set_block_number(slots_[i].pos.block);
+      ref->set_log_index(slots_[i].pos.log_index);
+      ref->set_block_hash(page_.items[i].block_hash());
+    }
+  }
+  info.set_events_done(done);
+  info.set_correction(page_.reorg);
+  return info;
+}
+
+}  // namespace handoff::consumer

@@ -1,0 +1,168 @@
+// PageAttempt: the crash-safe page procedure for one page (seed 000, "Procedure").
+//
+// Identity: the (resume_cursor, checkpoint_version) of the checkpoint loaded when the
+// attempt began. The page's `next` cursor is held here, in memory only; it becomes the
+// resume cursor only through the page barrier, a compare-and-swap from the attempt's
+// identity to (next, version + 1), and only once every event of the page has a durable
+// terminal outcome.
+//
+// Run() validates the page (PageValidator) before any effect, then processes events in
+// source order:
+//  * an event whose durable receipt has the same identity is a replay;
+//  * otherwise its effect is staged and committed together with its receipt and the
+//    resulting applied_position (the end of the page's contiguous terminal prefix), in
+//    steps of up to max_events_per_step events, each one synced WriteBatch fenced by
+//    the attempt's version;
+//  * with an external sink, the sink's answer is classified (outcome_policy.h); holds
+//    and retries are written durably but are not terminal, and the attempt stops at the
+//    first event that is not durable and terminal.
+// A quarantine becomes terminal only in its own durable step (so a crash before it
+// leaves the event pending, as the seed's boundary example requires).
+//
+// The same procedure serves the delivery stage: there the "page" is a run of outbox
+// entries at or below the delivery gate, the terminal effect is a delivery receipt,
+// and the barrier only bumps the delivery checkpoint's version.
+//
+// A stale attempt (another attempt promoted first) loses its next fenced write with
+// ABORTED and reports kLostRace: the caller rereads state and never overwrites newer
+// progress.
+//
+// Thread-compatible: one worker thread runs it; Info() is read under the worker's lock.
+#ifndef HANDOFF_CONSUMER_PAGE_ATTEMPT_H_
+#define HANDOFF_CONSUMER_PAGE_ATTEMPT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "consumer/backoff.h"
+#include "consumer/observer.h"
+#include "consumer/outcome_policy.h"
+#include "consumer/page.h"
+#include "consumer/sink.h"
+#include "handoff/v1/source.pb.h"
+#include "store/records.pb.h"
+#include "store/store.h"
+
+namespace handoff::consumer {
+
+struct AttemptConfig {
+  std::string source_id;
+  store::Stage stage = store::Stage::kIngest;
+  store::Store* store = nullptr;
+  // IMMEDIATE deliveries (ingest) or gated deliveries (delivery stage); may be null.
+  ExternalSink* sink = nullptr;
+  // An extra transactional effect staged with each applied event (tests); may be null.
+  TransactionalEffect* effect = nullptr;
+  // Ingest writes outbox entries (SAFE/FINALIZED gates).
+  bool write_outbox = false;
+  // With FINALIZED gating, a correction that reaches a delivered event breaks the
+  // provider contract (finalized blocks never reorg).
+  bool delivered_orphan_is_violation = false;
+  handoff::v1::DeliveryGate gate = handoff::v1::DELIVERY_GATE_UNSPECIFIED;
+  handoff::v1::FailurePolicy policy;
+  int max_events_per_step = 1000;
+  // Commit the barrier in the same batch as the page's last events when possible.
+  bool fuse_barrier = true;
+  EngineObserver* observer = nullptr;
+  // Set by the worker to stop at the next safe point.
+  const std::atomic<bool>* cancelled = nullptr;
+};
+
+class PageAttempt {
+ public:
+  struct Result {
+    enum class Kind {
+      kPromoted,       // the barrier passed: the checkpoint moved to the next cursor
+      kNothingNew,     // empty page with an unchanged cursor: back off, no barrier
+      kBlockedOnHold,  // an event awaits an operator (ResolveHold)
+      kRetryLater,     // an event is retrying; wake at retry_at
+      kViolation,      // the page breaks the provider contract: halt
+      kLostRace,       // a fenced write was ABORTED: reread the checkpoint
+      kStorageFailed,  // a write failed: stop, advance nothing
+      kCrashed,        // a fault point fired (tests): abandon at once
+      kCancelled,      // stop requested
+    };
+    Kind kind = Kind::kPromoted;
+    std::string detail;
+    absl::Status status;
+    absl::Time retry_at = absl::InfinitePast();
+  };
+
+  // `checkpoint` is the stage's checkpoint loaded at the start of the attempt;
+  // `page` was fetched with checkpoint.resume_cursor (ingest), or built from the
+  // outbox (delivery).
+  PageAttempt(const AttemptConfig& config, store::CheckpointRecord checkpoint, Page page);
+
+  // Runs the procedure until the barrier passes or something stops it. Resumable after
+  // kBlockedOnHold / kRetryLater (it rereads the blocked events' durable state first).
+  Result Run();
+
+  // Progress of the attempt, for GetProgress.
+  handoff::v1::PageAttemptInfo Info() const;
+  // The last checkpoint this attempt knows to be durable.
+  const store::CheckpointRecord& checkpoint() const { return checkpoint_; }
+  const Page& page() const { return page_; }
+
+ private:
+  enum class SlotState { kPending, kTerminal, kHeld, kRetrying };
+  struct Slot {
+    Position pos;
+    SlotState state = SlotState::kPending;
+    std::optional<handoff::v1::Hold> hold;
+    absl::Time retry_at = absl::InfinitePast();
+  };
+
+  Result Validate();
+  absl::Status RefreshBlocked();
+  Result ProcessLocal();
+  Result ProcessWithSink();
+  Result Barrier();
+
+  // Commits `step` fenced by the attempt's version, with applied_position = end of the
+  // contiguous terminal prefix (slots in `newly_terminal` count as terminal if the
+  // commit succeeds), optionally fused with the barrier.
+  // Returns nullopt to continue, or the result that ends this Run().
+  std::optional<Result> CommitSlots(store::StepBatch* step, const std::vector<size_t>& newly_terminal,
+                     store::CounterRecord deltas, bool with_barrier,
+                     const char* before_point, const char* after_point);
+
+  // Stages the durable terminal effect of slot `i`.
+  absl::Status StageTerminal(size_t i, Decision::Kind kind, const std::string& reason,
+                             store::StepBatch* step);
+  void StageOrphans(store::StepBatch* step);
+  handoff::v1::Hold MakeHold(size_t i, handoff::v1::HoldKind kind, const Decision& d,
+                             const SinkAnswer& answer, uint32_t attempts) const;
+  std::optional<Position> AppliedAfter(const std::vector<size_t>& newly_terminal) const;
+  handoff::v1::Finality FinalityOf(const handoff::v1::EventRow& row) const;
+  size_t FirstNonTerminal() const;
+  bool Cancelled() const { return config_.cancelled != nullptr && config_.cancelled->load(); }
+  Result Make(Result::Kind kind, std::string detail = "", absl::Status status = absl::OkStatus());
+
+  // Constant after construction.
+  const AttemptConfig config_;
+  const std::string request_cursor_;
+  const uint64_t request_version_;
+  const Page page_;
+
+  store::CheckpointRecord checkpoint_;
+  bool validated_ = false;
+  bool orphans_pending_ = false;
+  std::vector<Position> orphans_;
+  uint64_t correction_depth_ = 0;
+  // applied_position before this page's events (rewound by a correction).
+  std::optional<Position> base_applied_;
+  bool clear_applied_ = false;
+  uint64_t replayed_ = 0;
+  bool replays_counted_ = false;
+  std::vector<Slot> slots_;
+  Backoff backoff_;
+};
+
+}  // namespace handoff::consumer
+
+#endif  // HANDOFF_CONSUMER_PAGE_ATTEMPT_H_

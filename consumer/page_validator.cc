@@ -1,0 +1,142 @@
+#include "consumer/page_validator.h"
+
+#include <limits>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
+namespace handoff::consumer {
+namespace {
+
+constexpr uint64_t kMaxIndex = std::numeric_limits<uint64_t>::max();
+
+std::optional<Position> AppliedOf(const store::CheckpointRecord& cp) {
+  if (!cp.has_applied()) return std::nullopt;
+  return Position{cp.applied_block(), cp.applied_log_index()};
+}
+
+}  // namespace
+
+std::optional<std::pair<Position, Position>> PageRange(const Page& page) {
+  if (!page.through.has_value()) return std::nullopt;
+  return std::make_pair(Position{page.from, 0}, Position{page.through->number, kMaxIndex});
+}
+
+PageVerdict ValidatePage(const Page& page, const std::string& request_cursor,
+                         const store::CheckpointRecord& cp, const ReceiptLedger& ledger) {
+  PageVerdict v;
+  if (page.items.empty()) {
+    if (page.next == request_cursor) v.nothing_new = true;
+  } else if (page.next == request_cursor) {
+    v.violation = absl::StrCat("the cursor did not advance on a page with ", page.items.size(),
+                               " items (from block ", page.from, ")");
+    return v;
+  }
+  if (page.through.has_value() && page.through->number < page.from) {
+    v.violation = absl::StrCat("page through block ", page.through->number,
+                               " is below its from block ", page.from);
+    return v;
+  }
+  if (!page.items.empty() && !page.through.has_value()) {
+    v.violation = absl::StrCat("page from block ", page.from, " has ", page.items.size(),
+                               " items but a null through");
+    return v;
+  }
+
+  // Order, range, one hash per block.
+  for (size_t i = 0; i < page.items.size(); ++i) {
+    const handoff::v1::EventRow& row = page.items[i];
+    Position pos = PositionOf(row);
+    if (row.block_number() < page.from || row.block_number() > page.through->number) {
+      v.violation = absl::StrCat("item ", i, " at ", pos.DebugString(),
+                                 " lies outside the page range [", page.from, ", ",
+                                 page.through->number, "]");
+      return v;
+    }
+    if (i > 0) {
+      const handoff::v1::EventRow& prev = page.items[i - 1];
+      Position prev_pos = PositionOf(prev);
+      if (!(prev_pos < pos)) {
+        v.violation = absl::StrCat("items out of order: item ", i, " at ", pos.DebugString(),
+                                   " follows ", prev_pos.DebugString());
+        return v;
+      }
+      if (prev.block_number() == row.block_number() && prev.block_hash() != row.block_hash()) {
+        v.violation = absl::StrCat("block ", row.block_number(),
+                                   " has two different hashes in one page");
+        return v;
+      }
+    }
+  }
+
+  const std::optional<Position> applied = AppliedOf(cp);
+  if (!page.reorg) {
+    // Gap after the committed range.
+    if (cp.has_covered() && page.from > cp.covered_through() + 1) {
+      v.violation = absl::StrCat("gap: the page starts at block ", page.from,
+                                 " but the committed range ends at block ",
+                                 cp.covered_through());
+      return v;
+    }
+    // Items must agree with what was applied.
+    absl::flat_hash_set<std::pair<uint64_t, uint64_t>> in_page;
+    for (const handoff::v1::EventRow& row : page.items) {
+      Position pos = PositionOf(row);
+      in_page.insert({pos.block, pos.log_index});
+      const ReceiptLedger::Entry* entry = ledger.Find(pos);
+      if (entry != nullptr && !entry->terminal_hash.empty()) {
+        if (entry->terminal_hash != row.block_hash()) {
+          v.violation = absl::StrCat("conflicting identity at applied position ",
+                                     pos.DebugString(), ": block hash ", row.block_hash(),
+                                     " on a non-correction page, ", entry->terminal_hash,
+                                     " applied");
+          return v;
+        }
+      } else if (applied.has_value() && pos <= *applied &&
+                 !(entry != nullptr && entry->hold.has_value())) {
+        v.violation = absl::StrCat("new event at ", pos.DebugString(),
+                                   " at or below the applied position ",
+                                   applied->DebugString(),
+                                   " on a non-correction page (a backfill the contract forbids)");
+        return v;
+      }
+    }
+    for (const auto& [pos, entry] : ledger.entries()) {
+      if (entry.terminal_hash.empty()) continue;
+      if (!in_page.contains(std::make_pair(pos.block, pos.log_index))) {
+        v.violation = absl::StrCat("applied event ", pos.DebugString(),
+                                   " is missing from a non-correction page covering it");
+        return v;
+      }
+    }
+    return v;
+  }
+
+  // Correction: the page's range replaces what was applied there.
+  absl::flat_hash_set<std::pair<uint64_t, uint64_t>> same;
+  for (const handoff::v1::EventRow& row : page.items) {
+    const ReceiptLedger::Entry* entry = ledger.Find(PositionOf(row));
+    if (entry != nullptr && entry->terminal_hash == row.block_hash()) {
+      same.insert({row.block_number(), row.log_index()});
+    }
+  }
+  for (const auto& [pos, entry] : ledger.entries()) {
+    bool durable = !entry.terminal_hash.empty() || entry.hold.has_value();
+    if (durable && !same.contains(std::make_pair(pos.block, pos.log_index))) {
+      v.orphans.push_back(pos);
+    }
+  }
+  if (applied.has_value() && *applied >= Position{page.from, 0}) {
+    if (page.from == 0) {
+      v.clear_applied = true;
+    } else {
+      v.rewound_applied = Position{page.from - 1, kMaxIndex};
+    }
+    v.correction_depth = applied->block - page.from + 1;
+  } else if (cp.has_covered() && cp.covered_through() >= page.from) {
+    v.correction_depth = cp.covered_through() - page.from + 1;
+  }
+  return v;
+}
+
+}  // namespace handoff::consumer

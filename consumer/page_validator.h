@@ -1,0 +1,57 @@
+// PageValidator: the one place that decides whether a fetched page may be applied.
+//
+// It runs before any effect of the page and checks the provider contract against the
+// durable state (provider-contract.md, "A page that breaks this contract"):
+//  * items strictly increasing by position, each inside [from, through.number], one
+//    block hash per block;
+//  * a non-correction page neither leaves a gap after the committed range nor
+//    conflicts with what was applied: an item at or below the applied prefix must be a
+//    replay of the same identity, and every applied event in the page's range must be
+//    in the page (overlap is fine, rewriting history is not);
+//  * a non-empty page must advance the cursor.
+// A correction page (reorg: true) is the documented exception: its range replaces what
+// was applied there (delete and insert); the validator lists the orphaned positions
+// and how far the applied position rewinds. It never clamps `from` to the start block.
+//
+// Pure function of its inputs; thread-compatible.
+#ifndef HANDOFF_CONSUMER_PAGE_VALIDATOR_H_
+#define HANDOFF_CONSUMER_PAGE_VALIDATOR_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "consumer/page.h"
+#include "consumer/receipt_ledger.h"
+#include "store/position.h"
+#include "store/records.pb.h"
+
+namespace handoff::consumer {
+
+struct PageVerdict {
+  // Non-empty: the page breaks the contract; the source halts as PROTOCOL_VIOLATION
+  // with this text (the details an operator needs).
+  std::string violation;
+  // An empty page whose next equals the request cursor: nothing new, back off.
+  bool nothing_new = false;
+  // Correction: positions whose durable outcome the page replaces.
+  std::vector<Position> orphans;
+  // Correction: the applied position after deleting the replaced range (nullopt with
+  // clear_applied = true means "nothing applied").
+  std::optional<Position> rewound_applied;
+  bool clear_applied = false;
+  // Correction: how many blocks below the committed range the page reaches.
+  uint64_t correction_depth = 0;
+};
+
+// The position range a page covers: [from:0, through:max]; nullopt when it covers no
+// block (empty page with null through).
+std::optional<std::pair<Position, Position>> PageRange(const Page& page);
+
+PageVerdict ValidatePage(const Page& page, const std::string& request_cursor,
+                         const store::CheckpointRecord& checkpoint,
+                         const ReceiptLedger& ledger);
+
+}  // namespace handoff::consumer
+
+#endif  // HANDOFF_CONSUMER_PAGE_VALIDATOR_H_

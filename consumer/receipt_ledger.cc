@@ -1,0 +1,62 @@
+#include "consumer/receipt_ledger.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "store/records.pb.h"
+
+namespace handoff::consumer {
+
+absl::StatusOr<ReceiptLedger> ReceiptLedger::Load(const store::Store& store,
+                                                  absl::string_view source_id,
+                                                  store::Stage stage, Position from,
+                                                  Position to) {
+  ReceiptLedger ledger;
+  absl::Status parse_error;
+  if (stage == store::Stage::kIngest) {
+    RETURN_IF_ERROR(store.ScanRows(source_id, from, to,
+                                   [&](Position pos, absl::string_view value) {
+                                     handoff::v1::EventRow row;
+                                     if (!row.ParseFromArray(value.data(), value.size())) {
+                                       parse_error = absl::DataLossError(absl::StrCat(
+                                           "unreadable row at ", pos.DebugString()));
+                                       return false;
+                                     }
+                                     ledger.entries_[pos].terminal_hash = row.block_hash();
+                                     return true;
+                                   }));
+  } else {
+    RETURN_IF_ERROR(store.ScanStaged(
+        store::StagedFamily::kReceipts, source_id, stage, from, to,
+        [&](Position pos, absl::string_view value) {
+          store::ReceiptRecord receipt;
+          if (!receipt.ParseFromArray(value.data(), value.size())) {
+            parse_error = absl::DataLossError(absl::StrCat("unreadable receipt at ",
+                                                           pos.DebugString()));
+            return false;
+          }
+          ledger.entries_[pos].terminal_hash = receipt.block_hash();
+          return true;
+        }));
+  }
+  RETURN_IF_ERROR(parse_error);
+  RETURN_IF_ERROR(store.ScanStaged(store::StagedFamily::kHolds, source_id, stage, from, to,
+                                   [&](Position pos, absl::string_view value) {
+                                     handoff::v1::Hold hold;
+                                     if (!hold.ParseFromArray(value.data(), value.size())) {
+                                       parse_error = absl::DataLossError(absl::StrCat(
+                                           "unreadable hold at ", pos.DebugString()));
+                                       return false;
+                                     }
+                                     ledger.entries_[pos].hold = std::move(hold);
+                                     return true;
+                                   }));
+  RETURN_IF_ERROR(parse_error);
+  return ledger;
+}
+
+const ReceiptLedger::Entry* ReceiptLedger::Find(Position pos) const {
+  auto it = entries_.find(pos);
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+}  // namespace handoff::consumer

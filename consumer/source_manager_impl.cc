@@ -1,0 +1,659 @@
+#include "consumer/source_manager_impl.h"
+
+#include <limits>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "base/status_macros.h"
+#include "consumer/spec_validation.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "store/keys.h"
+#include "store/records.pb.h"
+
+namespace handoff::consumer {
+namespace {
+
+constexpr uint64_t kMaxIndex = std::numeric_limits<uint64_t>::max();
+
+bool IsGated(const handoff::v1::SourceSpec& spec) {
+  return spec.sink().has_downstream() &&
+         (spec.sink().gate() == handoff::v1::DELIVERY_GATE_SAFE ||
+          spec.sink().gate() == handoff::v1::DELIVERY_GATE_FINALIZED);
+}
+
+bool IsHaltedState(handoff::v1::SourceState s) {
+  return s >= handoff::v1::SOURCE_STATE_RESYNC_REQUIRED &&
+         s <= handoff::v1::SOURCE_STATE_STORAGE_FAILED;
+}
+
+store::Stage StageOf(handoff::v1::Stage stage) {
+  return stage == handoff::v1::STAGE_DELIVERY ? store::Stage::kDelivery : store::Stage::kIngest;
+}
+
+absl::StatusOr<std::string> DecodeToken(absl::string_view token) {
+  if (token.empty()) return std::string();
+  std::string out;
+  if (!absl::WebSafeBase64Unescape(token, &out)) {
+    return absl::InvalidArgumentError("page_token: not a token returned by this API");
+  }
+  return out;
+}
+
+std::string EncodeToken(absl::string_view raw) { return absl::WebSafeBase64Escape(raw); }
+
+absl::Status RequireStage(handoff::v1::Stage stage) {
+  if (stage != handoff::v1::STAGE_INGEST && stage != handoff::v1::STAGE_DELIVERY) {
+    return absl::InvalidArgumentError("stage: STAGE_INGEST or STAGE_DELIVERY required");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SourceManager>> SourceManager::Create(
+    SourceManagerOptions options) {
+  if (options.store == nullptr) return absl::InvalidArgumentError("SourceManager: no store");
+  if (!options.factories.provider) {
+    return absl::InvalidArgumentError("SourceManager: no provider factory");
+  }
+  return std::unique_ptr<SourceManager>(new SourceManagerImpl(std::move(options)));
+}
+
+SourceManagerImpl::SourceManagerImpl(SourceManagerOptions options)
+    : options_(std::move(options)), store_(options_.store) {}
+
+SourceManagerImpl::~SourceManagerImpl() { Shutdown(); }
+
+absl::Status SourceManagerImpl::CheckOpen() const {
+  absl::MutexLock lock(const_cast<absl::Mutex*>(&mu_));
+  if (shut_down_) return absl::UnavailableError("the server is shutting down");
+  return absl::OkStatus();
+}
+
+absl::Status SourceManagerImpl::Recover() {
+  absl::MutexLock ops(&ops_mu_);
+  std::string after;
+  while (true) {
+    ASSIGN_OR_RETURN(std::vector<handoff::v1::Source> page, store_->ListSources(after, 256));
+    if (page.empty()) break;
+    for (const handoff::v1::Source& source : page) {
+      after = source.spec().id();
+      // Publish the stored state so GetProgress works before the worker reports.
+      absl::StatusOr<handoff::v1::Progress> p = ProgressFromStore(source);
+      if (p.ok()) board_.Update(source.spec().id(), [&](handoff::v1::Progress* out) { *out = *p; });
+      if (!source.desired_running()) continue;
+      absl::Status s = StartLocked(source);
+      if (!s.ok() && options_.observer != nullptr) options_.observer->OnError(after, s);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void SourceManagerImpl::Shutdown() {
+  std::vector<std::unique_ptr<SourceWorker>> workers;
+  {
+    absl::MutexLock lock(&mu_);
+    shut_down_ = true;
+    for (auto& [id, worker] : workers_) workers.push_back(std::move(worker));
+    workers_.clear();
+  }
+  // Stop everything first so the workers reach their safe points in parallel.
+  for (auto& w : workers) w->RequestStop();
+  for (auto& w : workers) w->Join();
+  board_.Close();
+}
+
+bool SourceManagerImpl::IsRunning(absl::string_view id) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(id);
+  return it != workers_.end() && !it->second->finished();
+}
+
+SourceWorker* SourceManagerImpl::WorkerForTest(absl::string_view id) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(id);
+  return it == workers_.end() ? nullptr : it->second.get();
+}
+
+void SourceManagerImpl::PersistHalt(const handoff::v1::Progress& progress) {
+  absl::StatusOr<handoff::v1::Source> source = store_->GetSource(progress.source_id());
+  if (!source.ok()) return;
+  handoff::v1::Progress* p = source->mutable_progress();
+  p->set_state(progress.state());
+  p->set_reason(progress.reason());
+  p->set_funding_action(progress.funding_action());
+  *p->mutable_last_error() = progress.last_error();
+  // A failed store refuses this write; the halt is then reported from memory only.
+  store_->PutSource(*source).IgnoreError();
+}
+
+absl::Status SourceManagerImpl::InitCheckpoints(const handoff::v1::SourceSpec& spec,
+                                                uint64_t start_block, bool latest) {
+  store::CheckpointRecord ingest;
+  ingest.set_resume_cursor(latest ? "latest" : std::to_string(start_block));
+  ingest.set_identity_hash(store::IdentityHash(spec));
+  ingest.set_start_block(start_block);
+  if (!latest && start_block > 0) {
+    ingest.set_has_covered(true);
+    ingest.set_covered_through(start_block - 1);
+  }
+  std::optional<store::CheckpointRecord> delivery;
+  if (IsGated(spec)) {
+    delivery.emplace();
+    delivery->set_identity_hash(ingest.identity_hash());
+  }
+  return store_->ResetSource(spec.id(), ingest, delivery);
+}
+
+absl::StatusOr<handoff::v1::Source> SourceManagerImpl::CreateSource(
+    const handoff::v1::CreateSourceRequest& request) {
+  RETURN_IF_ERROR(CheckOpen());
+  if (!request.has_spec()) return absl::InvalidArgumentError("spec: required");
+  ASSIGN_OR_RETURN(handoff::v1::SourceSpec spec, NormalizeSpec(request.spec()));
+  {
+    absl::MutexLock ops(&ops_mu_);
+    absl::StatusOr<handoff::v1::Source> existing = store_->GetSource(spec.id());
+    if (existing.ok()) {
+      if (!google::protobuf::util::MessageDifferencer::Equals(existing->spec(), spec)) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "spec.id: source '", spec.id(), "' exists with a different spec"));
+      }
+      if (request.start() && !IsRunning(spec.id())) {
+        existing->set_desired_running(true);
+        RETURN_IF_ERROR(store_->PutSource(*existing));
+        RETURN_IF_ERROR(StartLocked(*existing));
+      }
+    } else if (!absl::IsNotFound(existing.status())) {
+      return existing.status();
+    } else {
+      std::vector<handoff::v1::Source> all;
+      ASSIGN_OR_RETURN(all, store_->ListSources("", options_.max_sources));
+      if (static_cast<int>(all.size()) >= options_.max_sources) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("at most ", options_.max_sources, " sources (--max_sources)"));
+      }
+      RETURN_IF_ERROR(InitCheckpoints(spec, spec.start().block(), spec.start().has_latest()));
+      handoff::v1::Source source;
+      *source.mutable_spec() = spec;
+      source.set_desired_running(request.start());
+      source.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
+      source.mutable_progress()->set_state(handoff::v1::SOURCE_STATE_STOPPED);
+      RETURN_IF_ERROR(store_->PutSource(source));
+      absl::StatusOr<handoff::v1::Progress> p = ProgressFromStore(source);
+      if (p.ok()) board_.Update(spec.id(), [&](handoff::v1::Progress* out) { *out = *p; });
+      if (request.start()) RETURN_IF_ERROR(StartLocked(source));
+    }
+  }
+  return GetSource(spec.id());
+}
+
+absl::Status SourceManagerImpl::StartLocked(const handoff::v1::Source& source) {
+  const std::string& id = source.spec().id();
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return absl::UnavailableError("the server is shutting down");
+    auto it = workers_.find(id);
+    if (it != workers_.end() && !it->second->finished()) return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(StopLocked(id));  // reap a finished (halted) worker
+  ASSIGN_OR_RETURN(store::CheckpointRecord cp, store_->LoadCheckpoint(id, store::Stage::kIngest));
+  if (cp.identity_hash() != store::IdentityHash(source.spec())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "source '", id, "': its identity (provider URL, chain, source, filter) changed since "
+        "its checkpoint was written; a cursor is only valid for its identity: RebuildSource"));
+  }
+  SourceWorker::Parts parts;
+  parts.store = store_;
+  parts.observer = options_.observer;
+  parts.board = &board_;
+  parts.persist_halt = [this](const handoff::v1::Progress& p) { PersistHalt(p); };
+  ASSIGN_OR_RETURN(parts.provider, options_.factories.provider(source.spec()));
+  if (source.spec().sink().has_downstream()) {
+    if (!options_.factories.external_sink) {
+      return absl::FailedPreconditionError("no EventSink client is configured in this server");
+    }
+    ASSIGN_OR_RETURN(parts.sink, options_.factories.external_sink(source.spec()));
+  }
+  parts.effect = options_.effect;
+  WorkerOptions wo = options_.worker;
+  wo.max_events_per_step = options_.max_events_per_step;
+  auto worker = std::make_unique<SourceWorker>(source.spec(), wo, std::move(parts));
+  SourceWorker* raw = worker.get();
+  {
+    absl::MutexLock lock(&mu_);
+    workers_[id] = std::move(worker);
+  }
+  raw->Start();
+  return absl::OkStatus();
+}
+
+absl::Status SourceManagerImpl::StopLocked(absl::string_view id) {
+  std::unique_ptr<SourceWorker> worker;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = workers_.find(id);
+    if (it == workers_.end()) return absl::OkStatus();
+    it->second->RequestStop();
+  }
+  SourceWorker* raw;
+  {
+    absl::MutexLock lock(&mu_);
+    raw = workers_[id].get();
+  }
+  if (!raw->Join(options_.stop_timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "source '", id, "' is still finishing its current durable step; call StopSource again"));
+  }
+  absl::MutexLock lock(&mu_);
+  worker = std::move(workers_[id]);
+  workers_.erase(std::string(id));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<handoff::v1::Source> SourceManagerImpl::StartSource(absl::string_view id) {
+  RETURN_IF_ERROR(CheckOpen());
+  RETURN_IF_ERROR(ValidateSourceId(id, "source_id"));
+  {
+    absl::MutexLock ops(&ops_mu_);
+    ASSIGN_OR_RETURN(handoff::v1::Source source, store_->GetSource(id));
+    if (!IsRunning(id)) {
+      RETURN_IF_ERROR(StartLocked(source));
+      source.set_desired_running(true);
+      source.mutable_progress()->Clear();
+      RETURN_IF_ERROR(store_->PutSource(source));
+    }
+  }
+  return GetSource(id);
+}
+
+absl::StatusOr<handoff::v1::Source> SourceManagerImpl::StopSource(absl::string_view id) {
+  RETURN_IF_ERROR(ValidateSourceId(id, "source_id"));
+  {
+    absl::MutexLock ops(&ops_mu_);
+    ASSIGN_OR_RETURN(handoff::v1::Source source, store_->GetSource(id));
+    RETURN_IF_ERROR(StopLocked(id));
+    if (source.desired_running()) {
+      source.set_desired_running(false);
+      RETURN_IF_ERROR(store_->PutSource(source));
+    }
+  }
+  return GetSource(id);
+}
+
+absl::Status SourceManagerImpl::DeleteSource(absl::string_view id) {
+  RETURN_IF_ERROR(ValidateSourceId(id, "source_id"));
+  absl::MutexLock ops(&ops_mu_);
+  ASSIGN_OR_RETURN(handoff::v1::Source source, store_->GetSource(id));
+  if (IsRunning(id)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("source '", id, "' is running: StopSource first"));
+  }
+  RETURN_IF_ERROR(StopLocked(id));
+  RETURN_IF_ERROR(store_->DeleteSource(id));
+  board_.Remove(id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<handoff::v1::Progress> SourceManagerImpl::ProgressFromStore(
+    const handoff::v1::Source& source) {
+  handoff::v1::Progress p;
+  p.set_source_id(source.spec().id());
+  ASSIGN_OR_RETURN(store::CheckpointRecord cp,
+                   store_->LoadCheckpoint(source.spec().id(), store::Stage::kIngest));
+  FillProgressFromCheckpoint(cp, &p);
+  if (IsGated(source.spec())) {
+    absl::StatusOr<store::CheckpointRecord> d =
+        store_->LoadCheckpoint(source.spec().id(), store::Stage::kDelivery);
+    if (d.ok()) {
+      handoff::v1::Checkpoint* dc = p.mutable_delivery_checkpoint();
+      dc->set_resume_cursor(d->resume_cursor());
+      dc->set_has_applied(d->has_applied());
+      dc->set_applied_block(d->applied_block());
+      dc->set_applied_log_index(d->applied_log_index());
+      dc->set_checkpoint_version(d->version());
+      p.mutable_counters()->set_delivered(d->counters().delivered());
+    }
+  }
+  if (IsHaltedState(source.progress().state())) {
+    p.set_state(source.progress().state());
+    p.set_reason(source.progress().reason());
+    p.set_funding_action(source.progress().funding_action());
+    *p.mutable_last_error() = source.progress().last_error();
+  } else {
+    p.set_state(handoff::v1::SOURCE_STATE_STOPPED);
+  }
+  return p;
+}
+
+absl::StatusOr<handoff::v1::Progress> SourceManagerImpl::GetProgress(absl::string_view id) {
+  RETURN_IF_ERROR(ValidateSourceId(id, "source_id"));
+  ASSIGN_OR_RETURN(handoff::v1::Source source, store_->GetSource(id));
+  std::optional<handoff::v1::Progress> live = board_.Get(id);
+  handoff::v1::Progress p;
+  if (live.has_value()) {
+    p = *std::move(live);
+  } else {
+    ASSIGN_OR_RETURN(p, ProgressFromStore(source));
+  }
+  // Holds are counted from the store, the source of truth.
+  uint64_t holds = 0;
+  for (store::Stage stage : {store::Stage::kIngest, store::Stage::kDelivery}) {
+    RETURN_IF_ERROR(store_->ScanStaged(store::StagedFamily::kHolds, id, stage, Position{0, 0},
+                                       Position{kMaxIndex, kMaxIndex},
+                                       [&](Position, absl::string_view) {
+                                         ++holds;
+                                         return true;
+                                       }));
+  }
+  p.mutable_counters()->set_open_holds(holds);
+  return p;
+}
+
+absl::StatusOr<handoff::v1::Progress> SourceManagerImpl::WaitProgress(absl::string_view id,
+                                                                     uint64_t* generation,
+                                                                     absl::Time deadline) {
+  RETURN_IF_ERROR(ValidateSourceId(id, "source_id"));
+  handoff::v1::Progress out;
+  switch (board_.Wait(id, generation, deadline, &out)) {
+    case ProgressBoard::WaitResult::kChanged:
+    case ProgressBoard::WaitResult::kTimeout:
+      return GetProgress(id);
+    case ProgressBoard::WaitResult::kRemoved:
+      return absl::NotFoundError(absl::StrCat("source '", id, "' does not exist"));
+    case ProgressBoard::WaitResult::kClosed:
+      return absl::CancelledError("the server is shutting down");
+  }
+  return absl::InternalError("unreachable");
+}
+
+absl::StatusOr<handoff::v1::Source> SourceManagerImpl::WithProgress(handoff::v1::Source source) {
+  ASSIGN_OR_RETURN(*source.mutable_progress(), GetProgress(source.spec().id()));
+  return source;
+}
+
+absl::StatusOr<handoff::v1::Source> SourceManagerImpl::GetSource(absl::string_view id) {
+  RETURN_IF_ERROR(ValidateSourceId(id, "source_id"));
+  absl::StatusOr<handoff::v1::Source> source = store_->GetSource(id);
+  if (absl::IsNotFound(source.status())) {
+    return absl::NotFoundError(absl::StrCat("source '", id, "' does not exist"));
+  }
+  RETURN_IF_ERROR(source.status());
+  return WithProgress(*std::move(source));
+}
+
+absl::StatusOr<handoff::v1::ListSourcesResponse> SourceManagerImpl::ListSources(
+    const handoff::v1::ListSourcesRequest& request) {
+  ASSIGN_OR_RETURN(int size, PageSize(request.page_size(), 100, 1000, "page_size"));
+  ASSIGN_OR_RETURN(std::string after, DecodeToken(request.page_token()));
+  ASSIGN_OR_RETURN(std::vector<handoff::v1::Source> sources, store_->ListSources(after, size + 1));
+  handoff::v1::ListSourcesResponse response;
+  for (int i = 0; i < static_cast<int>(sources.size()) && i < size; ++i) {
+    ASSIGN_OR_RETURN(*response.add_sources(), WithProgress(sources[i]));
+  }
+  if (static_cast<int>(sources.size()) > size) {
+    response.set_next_page_token(EncodeToken(sources[size - 1].spec().id()));
+  }
+  return response;
+}
+
+absl::StatusOr<handoff::v1::ListHoldsResponse> SourceManagerImpl::ListHolds(
+    const handoff::v1::ListHoldsRequest& request) {
+  ASSIGN_OR_RETURN(int size, PageSize(request.page_size(), 100, 1000, "page_size"));
+  ASSIGN_OR_RETURN(std::string after, DecodeToken(request.page_token()));
+  std::string prefix;
+  if (!request.source_id().empty()) {
+    RETURN_IF_ERROR(ValidateSourceId(request.source_id(), "source_id"));
+    RETURN_IF_ERROR(store_->GetSource(request.source_id()).status());
+    prefix = store::keys::SourcePrefix(request.source_id());
+    if (after.empty()) after = prefix;
+  }
+  handoff::v1::ListHoldsResponse response;
+  std::string last_key;
+  bool more = false;
+  absl::Status parse_error;
+  RETURN_IF_ERROR(store_->ScanAll(
+      store::StagedFamily::kHolds, after, [&](absl::string_view key, absl::string_view value) {
+        if (!prefix.empty() && !absl::StartsWith(key, prefix)) return false;
+        if (response.holds_size() == size) {
+          more = true;
+          return false;
+        }
+        if (!response.add_holds()->ParseFromArray(value.data(), value.size())) {
+          parse_error = absl::DataLossError("unreadable hold record");
+          return false;
+        }
+        last_key = std::string(key);
+        return true;
+      }));
+  RETURN_IF_ERROR(parse_error);
+  if (more) response.set_next_page_token(EncodeToken(last_key));
+  return response;
+}
+
+absl::StatusOr<handoff::v1::Hold> SourceManagerImpl::GetHold(
+    const handoff::v1::GetHoldRequest& request) {
+  RETURN_IF_ERROR(ValidateSourceId(request.source_id(), "source_id"));
+  RETURN_IF_ERROR(RequireStage(request.stage()));
+  ASSIGN_OR_RETURN(std::optional<std::string> value,
+                   store_->GetStaged(store::StagedFamily::kHolds, request.source_id(),
+                                     StageOf(request.stage()),
+                                     Position{request.block_number(), request.log_index()}));
+  if (!value.has_value()) {
+    return absl::NotFoundError(absl::StrCat("no hold of '", request.source_id(), "' at ",
+                                            request.block_number(), ":", request.log_index()));
+  }
+  handoff::v1::Hold hold;
+  if (!hold.ParseFromString(*value)) return absl::DataLossError("unreadable hold record");
+  return hold;
+}
+
+absl::StatusOr<handoff::v1::ResolveHoldResponse> SourceManagerImpl::ResolveHold(
+    const handoff::v1::ResolveHoldRequest& request, absl::string_view actor) {
+  RETURN_IF_ERROR(CheckOpen());
+  RETURN_IF_ERROR(ValidateSourceId(request.source_id(), "source_id"));
+  RETURN_IF_ERROR(RequireStage(request.stage()));
+  if (request.decision() != handoff::v1::HOLD_DECISION_RETRY &&
+      request.decision() != handoff::v1::HOLD_DECISION_QUARANTINE &&
+      request.decision() != handoff::v1::HOLD_DECISION_IGNORE) {
+    return absl::InvalidArgumentError(
+        "decision: HOLD_DECISION_RETRY, HOLD_DECISION_QUARANTINE or HOLD_DECISION_IGNORE");
+  }
+  if (request.reason().empty()) return absl::InvalidArgumentError("reason: required");
+  if (request.reason().size() > 4096) return absl::InvalidArgumentError("reason: at most 4096 bytes");
+  if (request.hold_version() == 0) {
+    return absl::InvalidArgumentError("hold_version: required (the version from GetHold)");
+  }
+  handoff::v1::GetHoldRequest get;
+  get.set_source_id(request.source_id());
+  get.set_stage(request.stage());
+  get.set_block_number(request.block_number());
+  get.set_log_index(request.log_index());
+  ASSIGN_OR_RETURN(handoff::v1::Hold hold, GetHold(get));
+  if (hold.version() != request.hold_version()) {
+    return absl::AbortedError(absl::StrCat("hold_version ", request.hold_version(),
+                                           " is stale: the hold is at version ", hold.version(),
+                                           "; nothing changed, GetHold and decide again"));
+  }
+  const store::Stage stage = StageOf(request.stage());
+  const Position pos{request.block_number(), request.log_index()};
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  std::unique_ptr<store::StepBatch> step = store_->NewStep(request.source_id());
+  handoff::v1::ResolveHoldResponse response;
+  store::CounterRecord deltas;
+  if (request.decision() == handoff::v1::HOLD_DECISION_RETRY) {
+    // Re-drive now: the hold becomes a fresh RETRYING hold (attempts reset); its new
+    // version tells the worker to deliver at once. The audit stays on the hold.
+    handoff::v1::Hold retry = hold;
+    retry.set_kind(handoff::v1::HOLD_KIND_RETRYING);
+    retry.set_attempts(0);
+    retry.set_version(hold.version() + 1);
+    retry.set_reason(absl::StrCat("RETRY by ", actor, " at ", now_ms, " from hold version ",
+                                  hold.version(), ": ", request.reason()));
+    retry.set_last_seen_unix_ms(now_ms);
+    step->PutHold(stage, pos, retry);
+  } else {
+    const bool ignore = request.decision() == handoff::v1::HOLD_DECISION_IGNORE;
+    handoff::v1::QuarantineRecord rec;
+    rec.set_source_id(request.source_id());
+    rec.set_stage(request.stage());
+    *rec.mutable_event() = hold.event();
+    rec.set_disposition(ignore ? handoff::v1::DISPOSITION_IGNORED
+                               : handoff::v1::DISPOSITION_QUARANTINED);
+    rec.set_reason(request.reason());
+    rec.set_actor(std::string(actor));
+    rec.set_decided_unix_ms(now_ms);
+    rec.set_from_hold_version(hold.version());
+    store::ReceiptRecord receipt;
+    receipt.set_block_hash(hold.event().block_hash());
+    receipt.set_outcome(ignore ? store::RECEIPT_IGNORED : store::RECEIPT_QUARANTINED);
+    receipt.set_unix_ms(now_ms);
+    step->PutReceipt(stage, pos, receipt);
+    step->PutQuarantine(stage, pos, rec);
+    step->DeleteHold(stage, pos);
+    if (stage == store::Stage::kIngest) {
+      // The row is the ingest receipt: the event now has a durable terminal outcome.
+      step->PutRow(pos, hold.event_row().SerializeAsString());
+      absl::StatusOr<handoff::v1::Source> source = store_->GetSource(request.source_id());
+      if (source.ok() && IsGated(source->spec())) {
+        step->PutOutbox(pos, hold.event_row().SerializeAsString());
+      }
+    } else {
+      step->DeleteOutbox(pos);
+    }
+    if (ignore) {
+      deltas.set_ignored(1);
+    } else {
+      deltas.set_quarantined(1);
+    }
+    *response.mutable_record() = rec;
+  }
+  store::Fence fence;
+  fence.any_version = true;
+  fence.hold = store::Fence::HoldPrecondition{stage, pos, hold.version()};
+  store::CheckpointUpdate update;
+  update.counter_deltas = deltas;
+  RETURN_IF_ERROR(store_->CommitStep(stage, step.get(), fence, update).status());
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(request.source_id());
+  if (it != workers_.end()) it->second->Poke();
+  return response;
+}
+
+absl::StatusOr<handoff::v1::ListQuarantineResponse> SourceManagerImpl::ListQuarantine(
+    const handoff::v1::ListQuarantineRequest& request) {
+  ASSIGN_OR_RETURN(int size, PageSize(request.page_size(), 100, 1000, "page_size"));
+  ASSIGN_OR_RETURN(std::string after, DecodeToken(request.page_token()));
+  std::string prefix;
+  if (!request.source_id().empty()) {
+    RETURN_IF_ERROR(ValidateSourceId(request.source_id(), "source_id"));
+    RETURN_IF_ERROR(store_->GetSource(request.source_id()).status());
+    prefix = store::keys::SourcePrefix(request.source_id());
+    if (after.empty()) after = prefix;
+  }
+  handoff::v1::ListQuarantineResponse response;
+  std::string last_key;
+  bool more = false;
+  absl::Status parse_error;
+  RETURN_IF_ERROR(store_->ScanAll(
+      store::StagedFamily::kQuarantine, after,
+      [&](absl::string_view key, absl::string_view value) {
+        if (!prefix.empty() && !absl::StartsWith(key, prefix)) return false;
+        if (response.records_size() == size) {
+          more = true;
+          return false;
+        }
+        if (!response.add_records()->ParseFromArray(value.data(), value.size())) {
+          parse_error = absl::DataLossError("unreadable quarantine record");
+          return false;
+        }
+        last_key = std::string(key);
+        return true;
+      }));
+  RETURN_IF_ERROR(parse_error);
+  if (more) response.set_next_page_token(EncodeToken(last_key));
+  return response;
+}
+
+absl::StatusOr<handoff::v1::Source> SourceManagerImpl::RebuildSource(
+    const handoff::v1::RebuildSourceRequest& request) {
+  RETURN_IF_ERROR(CheckOpen());
+  RETURN_IF_ERROR(ValidateSourceId(request.source_id(), "source_id"));
+  if (request.from_block() > static_cast<uint64_t>(INT64_MAX)) {
+    return absl::InvalidArgumentError("from_block: at most 2^63-1");
+  }
+  {
+    absl::MutexLock ops(&ops_mu_);
+    ASSIGN_OR_RETURN(handoff::v1::Source source, store_->GetSource(request.source_id()));
+    if (IsRunning(request.source_id())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("source '", request.source_id(), "' is running: StopSource first"));
+    }
+    RETURN_IF_ERROR(StopLocked(request.source_id()));
+    RETURN_IF_ERROR(InitCheckpoints(source.spec(), request.from_block(), /*latest=*/false));
+    source.mutable_progress()->Clear();
+    source.set_desired_running(request.start());
+    RETURN_IF_ERROR(store_->PutSource(source));
+    absl::StatusOr<handoff::v1::Progress> p = ProgressFromStore(source);
+    if (p.ok()) board_.Update(source.spec().id(), [&](handoff::v1::Progress* out) { *out = *p; });
+    if (request.start()) RETURN_IF_ERROR(StartLocked(source));
+  }
+  return GetSource(request.source_id());
+}
+
+absl::StatusOr<handoff::v1::QueryEventsResponse> SourceManagerImpl::QueryEvents(
+    const handoff::v1::QueryEventsRequest& request) {
+  RETURN_IF_ERROR(ValidateSourceId(request.source_id(), "source_id"));
+  ASSIGN_OR_RETURN(int size, PageSize(request.page_size(), 1000, 10000, "page_size"));
+  if (request.to_block() != 0 && request.to_block() < request.from_block()) {
+    return absl::InvalidArgumentError("to_block: must be at least from_block (or 0: no bound)");
+  }
+  ASSIGN_OR_RETURN(std::string token, DecodeToken(request.page_token()));
+  Position from{request.from_block(), 0};
+  if (!token.empty()) {
+    if (token.size() != 16) return absl::InvalidArgumentError("page_token: malformed");
+    from = Position{store::keys::DecodeBigEndian64(token.data()),
+                    store::keys::DecodeBigEndian64(token.data() + 8)};
+  }
+  RETURN_IF_ERROR(store_->GetSource(request.source_id()).status());
+  const Position to{request.to_block() == 0 ? kMaxIndex : request.to_block(), kMaxIndex};
+  handoff::v1::QueryEventsResponse response;
+  ASSIGN_OR_RETURN(store::CheckpointRecord cp,
+                   store_->LoadCheckpoint(request.source_id(), store::Stage::kIngest));
+  handoff::v1::Checkpoint* out = response.mutable_checkpoint();
+  out->set_resume_cursor(cp.resume_cursor());
+  out->set_has_applied(cp.has_applied());
+  out->set_applied_block(cp.applied_block());
+  out->set_applied_log_index(cp.applied_log_index());
+  out->set_checkpoint_version(cp.version());
+  absl::Status parse_error;
+  std::optional<Position> next;
+  RETURN_IF_ERROR(store_->ScanRows(request.source_id(), from, to,
+                                   [&](Position pos, absl::string_view value) {
+                                     if (response.rows_size() == size) {
+                                       next = pos;
+                                       return false;
+                                     }
+                                     if (!response.add_rows()->ParseFromArray(value.data(),
+                                                                              value.size())) {
+                                       parse_error = absl::DataLossError("unreadable row");
+                                       return false;
+                                     }
+                                     return true;
+                                   }));
+  RETURN_IF_ERROR(parse_error);
+  if (next.has_value()) {
+    std::string raw;
+    store::keys::AppendBigEndian64(&raw, next->block);
+    store::keys::AppendBigEndian64(&raw, next->log_index);
+    response.set_next_page_token(EncodeToken(raw));
+  }
+  return response;
+}
+
+std::vector<handoff::v1::Progress> SourceManagerImpl::AllProgress() { return board_.All(); }
+
+}  // namespace handoff::consumer

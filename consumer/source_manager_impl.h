@@ -1,0 +1,85 @@
+// SourceManagerImpl: the SourceManager of handoffd (see source_manager.h for the
+// contract). Holds the specs in the store, the workers in memory, and a ProgressBoard
+// that every worker publishes to.
+//
+// Lock order: ops_mu_ (serialises admin operations that start, stop, rebuild or delete
+// workers) before mu_ (guards the worker map); the store's per-source locks are taken
+// inside store calls only. Workers never take ops_mu_.
+#ifndef HANDOFF_CONSUMER_SOURCE_MANAGER_IMPL_H_
+#define HANDOFF_CONSUMER_SOURCE_MANAGER_IMPL_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "consumer/progress_board.h"
+#include "consumer/source_manager.h"
+#include "consumer/source_worker.h"
+
+namespace handoff::consumer {
+
+class SourceManagerImpl final : public SourceManager {
+ public:
+  explicit SourceManagerImpl(SourceManagerOptions options);
+  ~SourceManagerImpl() override;
+
+  absl::Status Recover() override;
+  void Shutdown() override;
+
+  absl::StatusOr<handoff::v1::Source> CreateSource(
+      const handoff::v1::CreateSourceRequest& request) override;
+  absl::StatusOr<handoff::v1::Source> StartSource(absl::string_view id) override;
+  absl::StatusOr<handoff::v1::Source> StopSource(absl::string_view id) override;
+  absl::Status DeleteSource(absl::string_view id) override;
+  absl::StatusOr<handoff::v1::Source> GetSource(absl::string_view id) override;
+  absl::StatusOr<handoff::v1::ListSourcesResponse> ListSources(
+      const handoff::v1::ListSourcesRequest& request) override;
+  absl::StatusOr<handoff::v1::Progress> GetProgress(absl::string_view id) override;
+  absl::StatusOr<handoff::v1::Progress> WaitProgress(absl::string_view id, uint64_t* generation,
+                                                    absl::Time deadline) override;
+  absl::StatusOr<handoff::v1::ListHoldsResponse> ListHolds(
+      const handoff::v1::ListHoldsRequest& request) override;
+  absl::StatusOr<handoff::v1::Hold> GetHold(const handoff::v1::GetHoldRequest& request) override;
+  absl::StatusOr<handoff::v1::ResolveHoldResponse> ResolveHold(
+      const handoff::v1::ResolveHoldRequest& request, absl::string_view actor) override;
+  absl::StatusOr<handoff::v1::ListQuarantineResponse> ListQuarantine(
+      const handoff::v1::ListQuarantineRequest& request) override;
+  absl::StatusOr<handoff::v1::Source> RebuildSource(
+      const handoff::v1::RebuildSourceRequest& request) override;
+  absl::StatusOr<handoff::v1::QueryEventsResponse> QueryEvents(
+      const handoff::v1::QueryEventsRequest& request) override;
+  std::vector<handoff::v1::Progress> AllProgress() override;
+
+  // Tests: the worker of `id`, or nullptr.
+  SourceWorker* WorkerForTest(absl::string_view id) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  absl::Status StartLocked(const handoff::v1::Source& source)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+  // Stops and forgets the worker of `id` (if any). DEADLINE_EXCEEDED if it did not
+  // reach a safe point in time.
+  absl::Status StopLocked(absl::string_view id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+  bool IsRunning(absl::string_view id) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<handoff::v1::Progress> ProgressFromStore(const handoff::v1::Source& source);
+  absl::StatusOr<handoff::v1::Source> WithProgress(handoff::v1::Source source);
+  absl::Status InitCheckpoints(const handoff::v1::SourceSpec& spec, uint64_t start_block,
+                               bool latest);
+  void PersistHalt(const handoff::v1::Progress& progress);
+  absl::Status CheckOpen() const;
+
+  const SourceManagerOptions options_;
+  store::Store* const store_;
+  ProgressBoard board_;
+
+  absl::Mutex ops_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<SourceWorker>> workers_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace handoff::consumer
+
+#endif  // HANDOFF_CONSUMER_SOURCE_MANAGER_IMPL_H_

@@ -1,0 +1,456 @@
+#include "consumer/source_worker.h"
+
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "consumer/fault_points.h"
+#include "consumer/outcome_policy.h"
+
+namespace handoff::consumer {
+namespace {
+
+using Kind = PageAttempt::Result::Kind;
+
+handoff::v1::Checkpoint PublicCheckpoint(const store::CheckpointRecord& cp) {
+  handoff::v1::Checkpoint out;
+  out.set_resume_cursor(cp.resume_cursor());
+  out.set_has_applied(cp.has_applied());
+  out.set_applied_block(cp.applied_block());
+  out.set_applied_log_index(cp.applied_log_index());
+  out.set_checkpoint_version(cp.version());
+  return out;
+}
+
+bool IsHalted(handoff::v1::SourceState s) {
+  switch (s) {
+    case handoff::v1::SOURCE_STATE_RESYNC_REQUIRED:
+    case handoff::v1::SOURCE_STATE_FUNDING_REQUIRED:
+    case handoff::v1::SOURCE_STATE_AUTH_FAILED:
+    case handoff::v1::SOURCE_STATE_CONFIG_INVALID:
+    case handoff::v1::SOURCE_STATE_PROTOCOL_VIOLATION:
+    case handoff::v1::SOURCE_STATE_STORAGE_FAILED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+Position Successor(Position p) {
+  if (p.log_index == std::numeric_limits<uint64_t>::max()) return Position{p.block + 1, 0};
+  return Position{p.block, p.log_index + 1};
+}
+
+}  // namespace
+
+// Progress fields derived from a checkpoint, shared with SourceManager.
+void FillProgressFromCheckpoint(const store::CheckpointRecord& cp, handoff::v1::Progress* p) {
+  *p->mutable_checkpoint() = PublicCheckpoint(cp);
+  if (cp.highest_finalized().present()) {
+    p->mutable_highest_finalized()->set_number(cp.highest_finalized().number());
+    p->mutable_highest_finalized()->set_hash(cp.highest_finalized().hash());
+  }
+  if (cp.highest_safe().present()) {
+    p->mutable_highest_safe()->set_number(cp.highest_safe().number());
+    p->mutable_highest_safe()->set_hash(cp.highest_safe().hash());
+  }
+  p->set_tip(cp.tip());
+  p->set_lag_blocks(cp.tip() > cp.applied_block() && cp.has_applied() ? cp.tip() - cp.applied_block()
+                                                                       : 0);
+  handoff::v1::Counters* c = p->mutable_counters();
+  const store::CounterRecord& r = cp.counters();
+  c->set_applied(r.applied());
+  c->set_replayed(r.replayed());
+  c->set_ignored(r.ignored());
+  c->set_quarantined(r.quarantined());
+  c->set_corrections(r.corrections());
+  c->set_pages_committed(r.pages_committed());
+}
+
+SourceWorker::SourceWorker(handoff::v1::SourceSpec spec, WorkerOptions options, Parts parts)
+    : spec_(std::move(spec)),
+      options_(options),
+      parts_(std::move(parts)),
+      gated_(spec_.sink().has_downstream() &&
+             (spec_.sink().gate() == handoff::v1::DELIVERY_GATE_SAFE ||
+              spec_.sink().gate() == handoff::v1::DELIVERY_GATE_FINALIZED)) {}
+
+SourceWorker::~SourceWorker() {
+  RequestStop();
+  Join();
+}
+
+void SourceWorker::Start() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (started_) return;
+    started_ = true;
+    running_threads_ = gated_ ? 2 : 1;
+  }
+  SetState(handoff::v1::SOURCE_STATE_STARTING, "");
+  ingest_thread_ = std::thread([this] { IngestLoop(); });
+  if (gated_) delivery_thread_ = std::thread([this] { DeliveryLoop(); });
+}
+
+void SourceWorker::RequestStop() {
+  if (stop_.exchange(true)) return;
+  if (parts_.provider != nullptr) parts_.provider->Cancel();
+  if (parts_.sink != nullptr) parts_.sink->Cancel();
+  absl::MutexLock lock(&mu_);
+  cv_.SignalAll();
+}
+
+bool SourceWorker::Join(absl::Duration timeout) {
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time deadline = absl::Now() + timeout;
+    while (running_threads_ > 0) {
+      if (cv_.WaitWithDeadline(&mu_, deadline) && running_threads_ > 0 &&
+          absl::Now() >= deadline) {
+        return false;
+      }
+    }
+  }
+  if (ingest_thread_.joinable()) ingest_thread_.join();
+  if (delivery_thread_.joinable()) delivery_thread_.join();
+  return true;
+}
+
+void SourceWorker::Poke() {
+  absl::MutexLock lock(&mu_);
+  ingest_poked_ = true;
+  delivery_poked_ = true;
+  cv_.SignalAll();
+}
+
+bool SourceWorker::finished() const {
+  absl::MutexLock lock(&mu_);
+  return started_ && running_threads_ == 0;
+}
+
+void SourceWorker::ThreadDone() {
+  absl::MutexLock lock(&mu_);
+  --running_threads_;
+  cv_.SignalAll();
+}
+
+SourceWorker::Wake SourceWorker::WaitUntil(absl::Time deadline, bool* poked_flag) {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    if (stop_.load()) return Wake::kStopped;
+    if (*poked_flag) {
+      *poked_flag = false;
+      return Wake::kPoked;
+    }
+    if (cv_.WaitWithDeadline(&mu_, deadline) && absl::Now() >= deadline) {
+      if (stop_.load()) return Wake::kStopped;
+      if (*poked_flag) {
+        *poked_flag = false;
+        return Wake::kPoked;
+      }
+      return Wake::kDeadline;
+    }
+  }
+}
+
+void SourceWorker::SetState(handoff::v1::SourceState state, const std::string& reason,
+                            absl::Time retry_at) {
+  bool changed = true;
+  parts_.board->Update(spec_.id(), [&](handoff::v1::Progress* p) {
+    changed = p->state() != state || p->reason() != reason;
+    p->set_state(state);
+    p->set_reason(reason);
+    p->set_retry_at_unix_ms(retry_at == absl::InfinitePast() ? 0 : absl::ToUnixMillis(retry_at));
+    if (!IsHalted(state)) p->clear_funding_action();
+  });
+  if (changed && parts_.observer != nullptr) {
+    parts_.observer->OnStateChange(spec_.id(), state, reason);
+  }
+}
+
+void SourceWorker::Halt(handoff::v1::SourceState state, const std::string& reason,
+                        const absl::Status& error, const std::string& funding) {
+  halted_.store(true);
+  if (parts_.provider != nullptr) parts_.provider->Close();
+  handoff::v1::Progress snapshot;
+  parts_.board->Update(spec_.id(), [&](handoff::v1::Progress* p) {
+    p->set_state(state);
+    p->set_reason(reason);
+    p->set_retry_at_unix_ms(0);
+    p->set_funding_action(funding);
+    if (!error.ok()) {
+      p->mutable_last_error()->set_code(static_cast<int>(error.code()));
+      p->mutable_last_error()->set_message(std::string(error.message()));
+      p->mutable_last_error()->set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
+    }
+    snapshot = *p;
+  });
+  if (parts_.observer != nullptr) {
+    parts_.observer->OnStateChange(spec_.id(), state, reason);
+    if (!error.ok()) parts_.observer->OnError(spec_.id(), error);
+  }
+  if (parts_.persist_halt) parts_.persist_halt(snapshot);
+  // The other thread of this source stops too.
+  stop_.store(true);
+  if (parts_.sink != nullptr) parts_.sink->Cancel();
+  absl::MutexLock lock(&mu_);
+  cv_.SignalAll();
+}
+
+void SourceWorker::PublishCheckpoint(store::Stage stage, const store::CheckpointRecord& cp) {
+  parts_.board->Update(spec_.id(), [&](handoff::v1::Progress* p) {
+    if (stage == store::Stage::kIngest) {
+      FillProgressFromCheckpoint(cp, p);
+    } else {
+      *p->mutable_delivery_checkpoint() = PublicCheckpoint(cp);
+      p->mutable_counters()->set_delivered(cp.counters().delivered());
+    }
+  });
+}
+
+void SourceWorker::PublishAttempt(const PageAttempt* attempt) {
+  parts_.board->Update(spec_.id(), [&](handoff::v1::Progress* p) {
+    if (attempt == nullptr) {
+      p->clear_attempt();
+    } else {
+      *p->mutable_attempt() = attempt->Info();
+    }
+  });
+}
+
+AttemptConfig SourceWorker::MakeConfig(store::Stage stage) const {
+  AttemptConfig c;
+  c.source_id = spec_.id();
+  c.stage = stage;
+  c.store = parts_.store;
+  c.policy = NormalizedPolicy(spec_.failure_policy());
+  c.max_events_per_step = options_.max_events_per_step;
+  c.fuse_barrier = options_.fuse_barrier;
+  c.observer = parts_.observer;
+  c.cancelled = &stop_;
+  c.gate = spec_.sink().gate();
+  if (stage == store::Stage::kIngest) {
+    c.sink = gated_ ? nullptr : parts_.sink.get();
+    c.effect = parts_.effect;
+    c.write_outbox = gated_;
+    c.delivered_orphan_is_violation =
+        spec_.sink().gate() == handoff::v1::DELIVERY_GATE_FINALIZED;
+  } else {
+    c.sink = parts_.sink.get();
+  }
+  return c;
+}
+
+bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
+  bool* poked = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    poked = stage == store::Stage::kIngest ? &ingest_poked_ : &delivery_poked_;
+  }
+  while (true) {
+    PageAttempt::Result r = attempt->Run();
+    if (stage == store::Stage::kIngest) PublishAttempt(attempt);
+    switch (r.kind) {
+      case Kind::kPromoted:
+        PublishCheckpoint(stage, attempt->checkpoint());
+        return true;
+      case Kind::kNothingNew:
+        return true;  // the caller backs off
+      case Kind::kLostRace:
+        return true;  // reread the checkpoint
+      case Kind::kCrashed:
+        crashed_.store(true);
+        stop_.store(true);
+        return false;
+      case Kind::kCancelled:
+        return false;
+      case Kind::kViolation:
+        Halt(handoff::v1::SOURCE_STATE_PROTOCOL_VIOLATION, r.detail);
+        return false;
+      case Kind::kStorageFailed:
+        Halt(handoff::v1::SOURCE_STATE_STORAGE_FAILED, r.detail, r.status);
+        return false;
+      case Kind::kBlockedOnHold:
+        PublishCheckpoint(stage, attempt->checkpoint());
+        if (stage == store::Stage::kIngest) {
+          SetState(handoff::v1::SOURCE_STATE_BLOCKED_ON_HOLD, r.detail);
+        }
+        if (WaitUntil(absl::InfiniteFuture(), poked) == Wake::kStopped) return false;
+        if (stage == store::Stage::kIngest) SetState(handoff::v1::SOURCE_STATE_RUNNING, "");
+        break;
+      case Kind::kRetryLater:
+        PublishCheckpoint(stage, attempt->checkpoint());
+        if (stage == store::Stage::kIngest) {
+          SetState(handoff::v1::SOURCE_STATE_BACKING_OFF, r.detail, r.retry_at);
+        }
+        if (WaitUntil(r.retry_at, poked) == Wake::kStopped) return false;
+        if (stage == store::Stage::kIngest) SetState(handoff::v1::SOURCE_STATE_RUNNING, "");
+        break;
+    }
+  }
+}
+
+void SourceWorker::IngestLoop() {
+  Backoff backoff(options_.fetch_backoff);
+  int malformed = 0;
+  const std::string identity = store::IdentityHash(spec_);
+  bool running_published = false;
+  while (!stopping()) {
+    absl::StatusOr<store::CheckpointRecord> cp =
+        parts_.store->LoadCheckpoint(spec_.id(), store::Stage::kIngest);
+    if (!cp.ok()) {
+      Halt(handoff::v1::SOURCE_STATE_STORAGE_FAILED,
+           absl::StrCat("cannot load the checkpoint: ", cp.status().message()), cp.status());
+      break;
+    }
+    if (cp->identity_hash() != identity) {
+      Halt(handoff::v1::SOURCE_STATE_CONFIG_INVALID,
+           "the source identity (provider URL, chain, source, filter) differs from the one "
+           "its checkpoint was written for; RebuildSource from a numeric block");
+      break;
+    }
+    if (!running_published) {
+      PublishCheckpoint(store::Stage::kIngest, *cp);
+      SetState(handoff::v1::SOURCE_STATE_RUNNING, "");
+      running_published = true;
+    }
+    FetchResult fetched = parts_.provider->Fetch(cp->resume_cursor());
+    if (stopping()) break;
+    if (fetched.refusal.has_value()) {
+      const Refusal& f = *fetched.refusal;
+      if (f.kind == RefusalKind::kCancelled) break;
+      if (parts_.observer != nullptr) {
+        parts_.observer->OnRefusal(spec_.id(), f.code.empty() ? "network" : f.code);
+      }
+      parts_.board->Update(spec_.id(), [&](handoff::v1::Progress* p) {
+        p->mutable_last_error()->set_code(f.http_status);
+        p->mutable_last_error()->set_message(
+            absl::StrCat(f.code.empty() ? "" : f.code + ": ", f.message));
+        p->mutable_last_error()->set_time_unix_ms(absl::ToUnixMillis(absl::Now()));
+      });
+      const std::string reason =
+          absl::StrCat("provider refused (", f.http_status, " ", f.code, "): ", f.message);
+      switch (f.kind) {
+        case RefusalKind::kResyncRequired:
+          Halt(handoff::v1::SOURCE_STATE_RESYNC_REQUIRED, reason);
+          break;
+        case RefusalKind::kConfigInvalid:
+          Halt(handoff::v1::SOURCE_STATE_CONFIG_INVALID, reason);
+          break;
+        case RefusalKind::kAuthFailed:
+          Halt(handoff::v1::SOURCE_STATE_AUTH_FAILED, reason);
+          break;
+        case RefusalKind::kFundingRequired:
+          Halt(handoff::v1::SOURCE_STATE_FUNDING_REQUIRED, reason, absl::OkStatus(),
+               f.funding_action_json);
+          break;
+        case RefusalKind::kMalformedPage:
+          if (++malformed >= options_.max_malformed_pages) {
+            Halt(handoff::v1::SOURCE_STATE_PROTOCOL_VIOLATION,
+                 absl::StrCat(malformed, " malformed pages in a row; last: ", f.message));
+            break;
+          }
+          [[fallthrough]];
+        case RefusalKind::kRetryAfter:
+        case RefusalKind::kTransient:
+        case RefusalKind::kCancelled: {
+          if (parts_.observer != nullptr) parts_.observer->OnRetry(spec_.id());
+          const absl::Time at = absl::Now() + backoff.Next(f.retry_after);
+          SetState(handoff::v1::SOURCE_STATE_BACKING_OFF, reason, at);
+          bool unused = false;
+          if (WaitUntil(at, &unused) == Wake::kStopped) break;
+          SetState(handoff::v1::SOURCE_STATE_RUNNING, "");
+          continue;
+        }
+      }
+      break;  // halted or stopped
+    }
+    malformed = 0;
+    if (FaultPoints::Hit("ingest.after_fetch")) {
+      crashed_.store(true);
+      stop_.store(true);
+      break;
+    }
+    PageAttempt attempt(MakeConfig(store::Stage::kIngest), *std::move(cp),
+                        *std::move(fetched.page));
+    const bool nothing_new_possible = attempt.page().items.empty();
+    const std::string request_cursor = attempt.checkpoint().resume_cursor();
+    if (!DriveAttempt(&attempt, store::Stage::kIngest)) break;
+    if (nothing_new_possible && attempt.page().next == request_cursor) {
+      // Nothing new yet: wait before asking again, never spin.
+      const absl::Time at = absl::Now() + backoff.Next();
+      SetState(handoff::v1::SOURCE_STATE_BACKING_OFF, "no new events", at);
+      bool unused = false;
+      if (WaitUntil(at, &unused) == Wake::kStopped) break;
+      SetState(handoff::v1::SOURCE_STATE_RUNNING, "");
+      continue;
+    }
+    backoff.Reset();
+    if (gated_) Poke();
+  }
+  if (!halted_.load() && !crashed_.load()) {
+    SetState(handoff::v1::SOURCE_STATE_STOPPED, "");
+  }
+  ThreadDone();
+}
+
+void SourceWorker::DeliveryLoop() {
+  while (!stopping()) {
+    absl::StatusOr<store::CheckpointRecord> dcp =
+        parts_.store->LoadCheckpoint(spec_.id(), store::Stage::kDelivery);
+    absl::StatusOr<store::CheckpointRecord> icp =
+        parts_.store->LoadCheckpoint(spec_.id(), store::Stage::kIngest);
+    if (!dcp.ok() || !icp.ok()) {
+      absl::Status s = !dcp.ok() ? dcp.status() : icp.status();
+      Halt(handoff::v1::SOURCE_STATE_STORAGE_FAILED,
+           absl::StrCat("cannot load the delivery checkpoint: ", s.message()), s);
+      break;
+    }
+    PublishCheckpoint(store::Stage::kDelivery, *dcp);
+    const store::Mark& mark = spec_.sink().gate() == handoff::v1::DELIVERY_GATE_SAFE
+                                  ? icp->highest_safe()
+                                  : icp->highest_finalized();
+    Page run;
+    if (mark.present()) {
+      Position from = dcp->has_applied()
+                          ? Successor(Position{dcp->applied_block(), dcp->applied_log_index()})
+                          : Position{0, 0};
+      Position to{mark.number(), std::numeric_limits<uint64_t>::max()};
+      absl::Status parse_error;
+      if (from <= to) {
+        absl::Status s = parts_.store->ScanOutbox(
+            spec_.id(), from, to, [&](Position pos, absl::string_view value) {
+              handoff::v1::EventRow row;
+              if (!row.ParseFromArray(value.data(), value.size())) {
+                parse_error = absl::DataLossError(
+                    absl::StrCat("unreadable outbox entry at ", pos.DebugString()));
+                return false;
+              }
+              run.items.push_back(std::move(row));
+              return static_cast<int>(run.items.size()) < options_.delivery_run;
+            });
+        if (s.ok()) s = parse_error;
+        if (!s.ok()) {
+          Halt(handoff::v1::SOURCE_STATE_STORAGE_FAILED,
+               absl::StrCat("cannot read the outbox: ", s.message()), s);
+          break;
+        }
+      }
+    }
+    if (run.items.empty()) {
+      bool* poked;
+      {
+        absl::MutexLock lock(&mu_);
+        poked = &delivery_poked_;
+      }
+      if (WaitUntil(absl::Now() + options_.delivery_idle_recheck, poked) == Wake::kStopped) break;
+      continue;
+    }
+    PageAttempt attempt(MakeConfig(store::Stage::kDelivery), *std::move(dcp), std::move(run));
+    if (!DriveAttempt(&attempt, store::Stage::kDelivery)) break;
+  }
+  ThreadDone();
+}
+
+}  // namespace handoff::consumer

@@ -1,0 +1,134 @@
+// SourceWorker: the worker of one running source. Owns its threads: the ingest loop
+// (fetch a page, run its PageAttempt, repeat) and, for SAFE/FINALIZED delivery gates,
+// the outbox dispatcher (deliver outbox entries at or below the gate mark, through the
+// same PageAttempt procedure on the delivery stage).
+//
+// States (handoff.v1.SourceState): STARTING -> RUNNING <-> BACKING_OFF /
+// BLOCKED_ON_HOLD, then STOPPED, or a halted state (RESYNC_REQUIRED, FUNDING_REQUIRED,
+// AUTH_FAILED, CONFIG_INVALID, PROTOCOL_VIOLATION, STORAGE_FAILED) in which the threads
+// have exited. A waiting worker blocks on a condition variable: no CPU.
+//
+// Shutdown order (RequestStop, then Join): set the stop flag; cancel the provider and
+// the sink so that blocking I/O returns at once; wake waits; each thread leaves at its
+// next safe point (between durable steps: a step is one atomic WriteBatch, so there is
+// never half a step); Join waits for both threads. Nothing is promoted on the way out:
+// a cancelled page attempt ends without its barrier.
+//
+// A storage failure halts the worker as STORAGE_FAILED: it closes its provider
+// connection, reports the error, and advances nothing (the store refuses writes after
+// a failed one).
+//
+// Thread-safe. Start, RequestStop, Join and Poke may be called from any thread; Stop is
+// safe when never started.
+#ifndef HANDOFF_CONSUMER_SOURCE_WORKER_H_
+#define HANDOFF_CONSUMER_SOURCE_WORKER_H_
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "consumer/backoff.h"
+#include "consumer/observer.h"
+#include "consumer/page_attempt.h"
+#include "consumer/progress_board.h"
+#include "consumer/provider.h"
+#include "consumer/sink.h"
+#include "handoff/v1/source.pb.h"
+#include "store/store.h"
+
+namespace handoff::consumer {
+
+struct WorkerOptions {
+  int max_events_per_step = 1000;
+  bool fuse_barrier = true;
+  // Outbox entries per delivery attempt.
+  int delivery_run = 1000;
+  // Consecutive malformed pages before the source halts as PROTOCOL_VIOLATION.
+  int max_malformed_pages = 5;
+  // Backoff between fetch retries and after non-advancing empty pages.
+  BackoffPolicy fetch_backoff;
+  // The dispatcher re-checks the gate at least this often without a poke.
+  absl::Duration delivery_idle_recheck = absl::Seconds(5);
+};
+
+// Fills the checkpoint-derived fields of `progress` (checkpoint, marks, tip, lag,
+// counters). Shared by the worker and the SourceManager.
+void FillProgressFromCheckpoint(const store::CheckpointRecord& cp, handoff::v1::Progress* progress);
+
+class SourceWorker {
+ public:
+  struct Parts {
+    store::Store* store = nullptr;           // not owned
+    std::unique_ptr<Provider> provider;      // owned
+    std::unique_ptr<ExternalSink> sink;      // owned, may be null
+    TransactionalEffect* effect = nullptr;   // not owned, may be null (tests)
+    EngineObserver* observer = nullptr;      // not owned, may be null
+    ProgressBoard* board = nullptr;          // not owned
+    // Persists a halt (state, reason, funding action) so it survives restarts.
+    std::function<void(const handoff::v1::Progress&)> persist_halt;
+  };
+
+  SourceWorker(handoff::v1::SourceSpec spec, WorkerOptions options, Parts parts);
+  ~SourceWorker();  // RequestStop + Join
+
+  void Start() ABSL_LOCKS_EXCLUDED(mu_);
+  void RequestStop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits for the threads to exit; false if `timeout` passed first.
+  bool Join(absl::Duration timeout = absl::InfiniteDuration()) ABSL_LOCKS_EXCLUDED(mu_);
+  // Something changed in the durable state (a hold resolved): wake and re-check now.
+  void Poke() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // True once every thread has exited (stopped, halted or crashed).
+  bool finished() const ABSL_LOCKS_EXCLUDED(mu_);
+  // True if a fault point abandoned the worker (tests).
+  bool crashed() const { return crashed_.load(); }
+  const std::string& id() const { return spec_.id(); }
+
+ private:
+  enum class Wake { kDeadline, kPoked, kStopped };
+
+  void IngestLoop();
+  void DeliveryLoop();
+  // Runs one attempt to its end. Returns false when the loop must exit.
+  bool DriveAttempt(PageAttempt* attempt, store::Stage stage);
+  Wake WaitUntil(absl::Time deadline, bool* poked_flag) ABSL_LOCKS_EXCLUDED(mu_);
+  void SetState(handoff::v1::SourceState state, const std::string& reason,
+                absl::Time retry_at = absl::InfinitePast());
+  void Halt(handoff::v1::SourceState state, const std::string& reason,
+            const absl::Status& error = absl::OkStatus(), const std::string& funding = "");
+  void PublishCheckpoint(store::Stage stage, const store::CheckpointRecord& cp);
+  void PublishAttempt(const PageAttempt* attempt);
+  void ThreadDone() ABSL_LOCKS_EXCLUDED(mu_);
+  AttemptConfig MakeConfig(store::Stage stage) const;
+  bool stopping() const { return stop_.load(); }
+
+  // Constant after construction.
+  const handoff::v1::SourceSpec spec_;
+  const WorkerOptions options_;
+  Parts parts_;
+  const bool gated_;
+
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> crashed_{false};
+  std::atomic<bool> halted_{false};
+
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;
+  bool ingest_poked_ ABSL_GUARDED_BY(mu_) = false;
+  bool delivery_poked_ ABSL_GUARDED_BY(mu_) = false;
+  int running_threads_ ABSL_GUARDED_BY(mu_) = 0;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::thread ingest_thread_;
+  std::thread delivery_thread_;
+};
+
+}  // namespace handoff::consumer
+
+#endif  // HANDOFF_CONSUMER_SOURCE_WORKER_H_

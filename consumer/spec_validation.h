@@ -1,0 +1,32 @@
+// Validation and normalisation of source specs and admin requests: the one place that
+// decides what INVALID_ARGUMENT means. Every message names the offending field.
+#ifndef HANDOFF_CONSUMER_SPEC_VALIDATION_H_
+#define HANDOFF_CONSUMER_SPEC_VALIDATION_H_
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "handoff/v1/source.pb.h"
+
+namespace handoff::consumer {
+
+// `field` is the path used in error messages, e.g. "source_id" or "spec.id".
+absl::Status ValidateSourceId(absl::string_view id, absl::string_view field);
+
+// Checks `spec` and fills defaults (page_limit 1000, local rows sink, IMMEDIATE gate,
+// failure policy defaults). The result is what is stored and compared for idempotency.
+absl::StatusOr<handoff::v1::SourceSpec> NormalizeSpec(const handoff::v1::SourceSpec& spec);
+
+// True if the two (normalised) specs differ only in fields that can change without a
+// rebuild: page_limit, api_key, failure_policy, sink deadline and batching.
+bool IsSafeSpecChange(const handoff::v1::SourceSpec& stored,
+                      const handoff::v1::SourceSpec& declared);
+
+// Page size of a list request: 0 means `default_size`; negative or above `max_size`
+// is INVALID_ARGUMENT naming `field`.
+absl::StatusOr<int> PageSize(int requested, int default_size, int max_size,
+                             absl::string_view field);
+
+}  // namespace handoff::consumer
+
+#endif  // HANDOFF_CONSUMER_SPEC_VALIDATION_H_

@@ -1,0 +1,62 @@
+#include "server/flags.h"
+
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/time/time.h"
+#include "base/status_macros.h"
+#include "server/factories.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:7443",
+          "gRPC listen address host:port (port 0: any free port). Loopback by default; "
+          "use 0.0.0.0:7443 in a container.");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, write the bound gRPC port (and the metrics port on a second line) here "
+          "once serving.");
+ABSL_FLAG(std::string, data_dir, "", "Data directory (required); the database is DATA_DIR/db.");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Prometheus metrics address host:port (GET /metrics); empty disables metrics.");
+ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate chain; enables TLS with --tls_key.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle; when set, clients must present a certificate it signed (mTLS).");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "Bearer token file, one `name role token` a line (role: reader|operator).");
+ABSL_FLAG(bool, insecure_disable_auth, false,
+          "Serve the admin API without authentication (development only; warns at start).");
+ABSL_FLAG(std::string, sources_config, "",
+          "Declared sources, protobuf text format of handoff.v1.SourcesConfig.");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
+ABSL_FLAG(int, max_sources, 10000, "Maximum number of sources (RESOURCE_EXHAUSTED beyond).");
+ABSL_FLAG(int, max_message_bytes, 4 << 20, "Largest gRPC request accepted, in bytes.");
+ABSL_FLAG(int, max_watchers, 256, "Maximum concurrent WatchProgress streams.");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(30),
+          "Upper bound of a graceful shutdown (keep the Kubernetes "
+          "terminationGracePeriodSeconds a little above it).");
+
+namespace handoff::server {
+
+absl::StatusOr<ServerOptions> OptionsFromFlags() {
+  ServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.port_file = absl::GetFlag(FLAGS_port_file);
+  options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  options.insecure_disable_auth = absl::GetFlag(FLAGS_insecure_disable_auth);
+  options.sources_config = absl::GetFlag(FLAGS_sources_config);
+  ASSIGN_OR_RETURN(options.log_level, ParseLogLevel(absl::GetFlag(FLAGS_log_level)));
+  options.max_sources = absl::GetFlag(FLAGS_max_sources);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_watchers = absl::GetFlag(FLAGS_max_watchers);
+  options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
+  options.handle_signals = true;
+  options.source_manager_factory = CreateProductionSourceManager;
+  options.factories = ProductionFactories();
+  return options;
+}
+
+}  // namespace handoff::server

@@ -1,0 +1,76 @@
+#include "server/health.h"
+
+#include <grpcpp/health_check_service_interface.h>
+
+#include <utility>
+
+namespace handoff::server {
+
+bool SourceServing(handoff::v1::SourceState state) {
+  switch (state) {
+    case handoff::v1::SOURCE_STATE_STARTING:
+    case handoff::v1::SOURCE_STATE_RUNNING:
+    case handoff::v1::SOURCE_STATE_BACKING_OFF:
+      return true;
+    default:
+      return false;
+  }
+}
+
+HealthReporter::HealthReporter(grpc::HealthCheckServiceInterface* health,
+                               consumer::SourceManager* manager,
+                               std::function<absl::Status()> store_health, Logger* logger,
+                               absl::Duration interval)
+    : health_(health),
+      manager_(manager),
+      store_health_(std::move(store_health)),
+      logger_(logger),
+      interval_(interval) {}
+
+HealthReporter::~HealthReporter() { Stop(); }
+
+void HealthReporter::Start() {
+  Refresh();
+  ticker_ = std::thread([this] { Run(); });
+}
+
+void HealthReporter::Stop() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (ticker_.joinable()) ticker_.join();
+  health_->Shutdown();
+}
+
+void HealthReporter::Run() {
+  while (!stop_.WaitForNotificationWithTimeout(interval_)) Refresh();
+}
+
+void HealthReporter::Refresh() {
+  const absl::Status store = store_health_();
+  const std::vector<handoff::v1::Progress> all = manager_->AllProgress();
+
+  absl::MutexLock lock(&mu_);
+  if (store.ok() != store_ok_) {
+    if (store.ok()) {
+      logger_->Info("store healthy again: serving");
+    } else {
+      logger_->Error("store unusable: health NOT_SERVING",
+                     {{"code", absl::StatusCodeToString(store.code())},
+                      {"error", store.message()}});
+    }
+    store_ok_ = store.ok();
+  }
+  health_->SetServingStatus("", store.ok());
+  health_->SetServingStatus(kAdminServiceName, store.ok());
+
+  absl::flat_hash_set<std::string> seen;
+  for (const handoff::v1::Progress& progress : all) {
+    health_->SetServingStatus(progress.source_id(), store.ok() && SourceServing(progress.state()));
+    seen.insert(progress.source_id());
+  }
+  for (const std::string& id : reported_) {
+    if (!seen.contains(id)) health_->SetServingStatus(id, false);  // deleted
+  }
+  reported_.insert(seen.begin(), seen.end());
+}
+
+}  // namespace handoff::server

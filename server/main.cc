@@ -1,0 +1,28 @@
+// handoffd: flags -> ServerOptions -> Server::BuildAndStart -> WaitForTermination.
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "server/flags.h"
+#include "server/server.h"
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "handoffd: crash-safe consumer of ordered, paginated event feeds.\n"
+      "  handoffd --data_dir=DIR (--auth_tokens_file=FILE | --insecure_disable_auth) ...");
+  absl::ParseCommandLine(argc, argv);
+
+  absl::StatusOr<handoff::server::ServerOptions> options = handoff::server::OptionsFromFlags();
+  if (!options.ok()) {
+    const std::string message(options.status().message());
+    std::fprintf(stderr, "{\"level\":\"error\",\"msg\":\"bad flags\",\"error\":%s}\n",
+                 handoff::server::JsonQuote(message).c_str());
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<handoff::server::Server>> server =
+      handoff::server::Server::BuildAndStart(*std::move(options));
+  if (!server.ok()) return 1;  // already logged
+  (*server)->WaitForTermination();
+  return 0;
+}

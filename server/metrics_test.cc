@@ -1,0 +1,97 @@
+#include "server/metrics.h"
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
+#include "tests/testing/fake_source_manager.h"
+
+namespace handoff::server {
+namespace {
+
+std::string Scrape(const prometheus::Collectable& collectable) {
+  return prometheus::TextSerializer().Serialize(collectable.Collect());
+}
+
+TEST(MetricsObserverTest, CountsEngineEvents) {
+  prometheus::Registry registry;
+  MetricsObserver observer(&registry);
+  observer.OnPageCommitted("a");
+  observer.OnPageCommitted("a");
+  observer.OnCommit("a", 10, absl::Milliseconds(3));
+  observer.OnRefusal("a", "rate_limited");
+  observer.OnRetry("a");
+  observer.OnCorrection("a", 5);
+  const std::string text = Scrape(registry);
+  EXPECT_NE(text.find("handoff_pages_committed_total{source=\"a\"} 2"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("handoff_step_events_total{source=\"a\"} 10"), std::string::npos);
+  EXPECT_NE(text.find("handoff_commit_latency_seconds_count{source=\"a\"} 1"),
+            std::string::npos);
+  EXPECT_NE(text.find("handoff_commit_latency_seconds_bucket{source=\"a\",le=\"0.005\"} 1"),
+            std::string::npos);
+  EXPECT_NE(text.find("handoff_provider_refusals_total{code=\"rate_limited\",source=\"a\"} 1"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("handoff_retries_total{source=\"a\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("handoff_corrections_total{source=\"a\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("handoff_correction_depth_blocks_sum{source=\"a\"} 5"), std::string::npos);
+}
+
+TEST(ProgressCollectorTest, ExportsDurableFiguresPerSource) {
+  testing::FakeSourceManager manager;
+  handoff::v1::CreateSourceRequest request;
+  request.mutable_spec()->set_id("src");
+  request.mutable_spec()->set_provider_url("http://x");
+  ASSERT_TRUE(manager.CreateSource(request).ok());
+  handoff::v1::Progress p;
+  p.set_source_id("src");
+  p.set_state(handoff::v1::SOURCE_STATE_BACKING_OFF);
+  p.mutable_counters()->set_applied(42);
+  p.mutable_counters()->set_replayed(3);
+  p.mutable_counters()->set_ignored(2);
+  p.mutable_counters()->set_quarantined(1);
+  p.mutable_counters()->set_open_holds(4);
+  p.mutable_checkpoint()->set_applied_block(1000);
+  p.mutable_highest_finalized()->set_number(990);
+  p.mutable_highest_safe()->set_number(995);
+  p.set_tip(1010);
+  p.set_lag_blocks(10);
+  ASSERT_TRUE(manager.SetProgress(p).ok());
+
+  ProgressCollector collector(&manager, [] { return absl::OkStatus(); });
+  const std::string text = Scrape(collector);
+  for (const char* expected : {
+           "handoff_events_applied_total{source=\"src\"} 42",
+           "handoff_events_replayed_total{source=\"src\"} 3",
+           "handoff_events_ignored_total{source=\"src\"} 2",
+           "handoff_events_quarantined_total{source=\"src\"} 1",
+           "handoff_open_holds{source=\"src\"} 4",
+           "handoff_applied_block{source=\"src\"} 1000",
+           "handoff_finalized_block{source=\"src\"} 990",
+           "handoff_safe_block{source=\"src\"} 995",
+           "handoff_tip_block{source=\"src\"} 1010",
+           "handoff_lag_blocks{source=\"src\"} 10",
+           "handoff_source_state{source=\"src\",state=\"SOURCE_STATE_BACKING_OFF\"} 1",
+           "handoff_source_state{source=\"src\",state=\"SOURCE_STATE_RUNNING\"} 0",
+           "handoff_sources 1",
+           "handoff_store_healthy 1",
+       }) {
+    EXPECT_NE(text.find(expected), std::string::npos) << expected << "\n" << text;
+  }
+}
+
+TEST(MetricsEndpointTest, BindsAFreePortAndRefusesABadAddress) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto endpoint = MetricsEndpoint::Start("127.0.0.1:0", {registry});
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  EXPECT_GT((*endpoint)->port(), 0);
+  const auto taken =
+      MetricsEndpoint::Start(absl::StrCat("127.0.0.1:", (*endpoint)->port()), {registry});
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace handoff::server

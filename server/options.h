@@ -1,0 +1,71 @@
+// ServerOptions: everything handoffd is configured with. main.cc fills it from flags
+// (flags.h documents each flag); tests fill it directly.
+#ifndef HANDOFF_SERVER_OPTIONS_H_
+#define HANDOFF_SERVER_OPTIONS_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "consumer/source_manager.h"
+#include "server/logging.h"
+
+namespace handoff::server {
+
+using SourceManagerFactory =
+    std::function<absl::StatusOr<std::unique_ptr<consumer::SourceManager>>(
+        consumer::SourceManagerOptions)>;
+
+struct ServerOptions {
+  // ---- gRPC ----
+  // host:port of the admin API; port 0 picks a free port (see port_file).
+  std::string listen = "127.0.0.1:7443";
+  // If set, the bound gRPC port is written here (one line), then the metrics port (a
+  // second line, when metrics are on), once the server accepts calls. Written
+  // atomically (temp file + rename).
+  std::string port_file;
+  int max_message_bytes = 4 << 20;
+  int max_watchers = 256;
+
+  // ---- Storage ----
+  // The RocksDB database lives in <data_dir>/db.
+  std::string data_dir;
+
+  // ---- Security ----
+  // PEM files. Both or neither of cert and key; client_ca (mTLS) requires them.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  // Exactly one of these: a token file (auth.h) or the explicit opt-out.
+  std::string auth_tokens_file;
+  bool insecure_disable_auth = false;
+
+  // ---- Sources ----
+  std::string sources_config;  // optional, sources_config.h
+  int max_sources = 10000;
+
+  // ---- Observability ----
+  std::string metrics_listen;  // host:port of /metrics; empty: no metrics endpoint
+  LogLevel log_level = LogLevel::kInfo;
+  absl::Duration health_interval = absl::Seconds(1);
+
+  // ---- Life cycle ----
+  // Upper bound of a graceful shutdown: a quarter for in-flight RPCs, the rest for
+  // workers to reach safe points (see server.h).
+  absl::Duration shutdown_grace = absl::Seconds(30);
+  // WaitForTermination also returns on SIGTERM/SIGINT (handoffd sets it; tests call
+  // RequestShutdown instead).
+  bool handle_signals = false;
+
+  // ---- Core wiring (production: factories.h; tests: fakes) ----
+  SourceManagerFactory source_manager_factory;
+  consumer::Factories factories;
+  // Receives log lines; empty: stderr.
+  Logger::LineWriter log_writer;
+};
+
+}  // namespace handoff::server
+
+#endif  // HANDOFF_SERVER_OPTIONS_H_

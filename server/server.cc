@@ -1,0 +1,274 @@
+#include "server/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/status_macros.h"
+#include "server/sources_config.h"
+
+namespace handoff::server {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::FailedPreconditionError(absl::StrCat(flag, ": cannot read ", path));
+  std::stringstream content;
+  content << in.rdbuf();
+  return content.str();
+}
+
+// TLS (optionally mutual) from PEM files, or insecure credentials without them.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
+    const ServerOptions& options) {
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return absl::InvalidArgumentError("tls_cert, tls_key: set both or neither");
+  }
+  if (options.tls_cert.empty()) {
+    if (!options.tls_client_ca.empty()) {
+      return absl::InvalidArgumentError("tls_client_ca: needs tls_cert and tls_key");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadFile("tls_cert", options.tls_cert));
+  ASSIGN_OR_RETURN(pair.private_key, ReadFile("tls_key", options.tls_key));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!options.tls_client_ca.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFile("tls_client_ca", options.tls_client_ca));
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+absl::Status ValidateOptions(const ServerOptions& options) {
+  if (options.data_dir.empty()) return absl::InvalidArgumentError("data_dir: required");
+  if (options.listen.empty()) return absl::InvalidArgumentError("listen: required");
+  if (!options.source_manager_factory) {
+    return absl::InvalidArgumentError("source_manager_factory: required");
+  }
+  if (options.insecure_disable_auth && !options.auth_tokens_file.empty()) {
+    return absl::InvalidArgumentError(
+        "auth_tokens_file, insecure_disable_auth: choose one");
+  }
+  if (!options.insecure_disable_auth && options.auth_tokens_file.empty()) {
+    return absl::InvalidArgumentError(
+        "auth_tokens_file: required (or --insecure_disable_auth, for development only)");
+  }
+  if (options.max_message_bytes <= 0) {
+    return absl::InvalidArgumentError("max_message_bytes: must be positive");
+  }
+  if (options.max_watchers <= 0) return absl::InvalidArgumentError("max_watchers: must be positive");
+  if (options.max_sources <= 0) return absl::InvalidArgumentError("max_sources: must be positive");
+  if (options.shutdown_grace <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("shutdown_grace: must be positive");
+  }
+  if (options.health_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("health_interval: must be positive");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::BuildAndStart(ServerOptions options) {
+  // Before any thread exists: every thread created below inherits the blocked mask.
+  if (options.handle_signals) BlockTerminationSignals();
+  std::unique_ptr<Server> server(new Server(std::move(options)));
+  const absl::Status built = server->Build();
+  if (!built.ok()) {
+    server->logger_->Error("start-up failed", {{"code", absl::StatusCodeToString(built.code())},
+                                               {"error", built.message()}});
+    return built;  // ~Server undoes what was built
+  }
+  return server;
+}
+
+Server::Server(ServerOptions options) : options_(std::move(options)) {
+  logger_ = options_.log_writer ? std::make_unique<Logger>(options_.log_level, options_.log_writer)
+                                : std::make_unique<Logger>(options_.log_level);
+  RouteGrpcLogsTo(logger_.get());
+}
+
+absl::Status Server::Build() {
+  RETURN_IF_ERROR(ValidateOptions(options_));
+
+  // Everything that can be checked without the database is checked first.
+  if (options_.insecure_disable_auth) {
+    auth_ = Authenticator::Disabled();
+    logger_->Warning(
+        "authentication DISABLED (--insecure_disable_auth): every caller is an operator; "
+        "never run this way outside development");
+  } else {
+    ASSIGN_OR_RETURN(auth_, Authenticator::FromFile(options_.auth_tokens_file));
+  }
+  handoff::v1::SourcesConfig declared;
+  if (!options_.sources_config.empty()) {
+    ASSIGN_OR_RETURN(declared, LoadSourcesConfig(options_.sources_config));
+  }
+
+  std::error_code error;
+  std::filesystem::create_directories(options_.data_dir, error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("data_dir: cannot create ", options_.data_dir, ": ", error.message()));
+  }
+  store::StoreOptions store_options;
+  store_options.path = options_.data_dir + "/db";
+  ASSIGN_OR_RETURN(store_, store::Store::Open(store_options));
+
+  registry_ = std::make_shared<prometheus::Registry>();
+  metrics_observer_ = std::make_unique<MetricsObserver>(registry_.get());
+  logging_observer_ = std::make_unique<LoggingObserver>(logger_.get());
+  observer_ = std::make_unique<FanOutObserver>(std::vector<consumer::EngineObserver*>{
+      metrics_observer_.get(), logging_observer_.get()});
+
+  consumer::SourceManagerOptions manager_options;
+  manager_options.store = store_.get();
+  manager_options.factories = options_.factories;
+  manager_options.observer = observer_.get();
+  manager_options.max_sources = options_.max_sources;
+  manager_options.stop_timeout = options_.shutdown_grace / 2;
+  ASSIGN_OR_RETURN(manager_, options_.source_manager_factory(std::move(manager_options)));
+  RETURN_IF_ERROR(manager_->Recover());
+  RETURN_IF_ERROR(ApplySourcesConfig(declared, manager_.get(), logger_.get()));
+
+  RETURN_IF_ERROR(StartGrpc());
+
+  store::Store* store = store_.get();
+  auto store_health = [store] { return store->health(); };
+  health_ = std::make_unique<HealthReporter>(grpc_server_->GetHealthCheckService(),
+                                             manager_.get(), store_health, logger_.get(),
+                                             options_.health_interval);
+  health_->Start();
+
+  if (!options_.metrics_listen.empty()) {
+    progress_collector_ = std::make_shared<ProgressCollector>(manager_.get(), store_health);
+    ASSIGN_OR_RETURN(metrics_, MetricsEndpoint::Start(options_.metrics_listen,
+                                                      {registry_, progress_collector_}));
+  }
+
+  RETURN_IF_ERROR(WritePortFile());
+  if (options_.handle_signals) {
+    signals_ = std::make_unique<SignalWatcher>([this](int signo) {
+      logger_->Info("termination signal: shutting down", {{"signal", absl::StrCat(signo)}});
+      RequestShutdown();
+    });
+  }
+  logger_->Info("serving", {{"port", absl::StrCat(port_)},
+                            {"metrics_port", absl::StrCat(metrics_port())},
+                            {"tls", options_.tls_cert.empty() ? "off" : "on"},
+                            {"mtls", options_.tls_client_ca.empty() ? "off" : "on"},
+                            {"auth", auth_->enabled() ? "tokens" : "disabled"}});
+  return absl::OkStatus();
+}
+
+absl::Status Server::StartGrpc() {
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   MakeCredentials(options_));
+  if (options_.tls_cert.empty() && auth_->enabled()) {
+    logger_->Warning("TLS is off: bearer tokens travel in clear text");
+  }
+  AdminServiceOptions admin_options;
+  admin_options.max_watchers = options_.max_watchers;
+  admin_service_ = std::make_unique<AdminService>(manager_.get(), auth_.get(), admin_options);
+
+  // Process-wide switches, read by the builder; both are idempotent.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options_.listen, credentials, &port_);
+  builder.RegisterService(admin_service_.get());
+  builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  // gRPC sets SO_REUSEPORT by default: a second handoffd on the same port would then
+  // share it silently. Refuse instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // The sync server runs each call on a thread of its pool; a stream holds its thread.
+  // The quota must leave room for every watcher plus unary calls, or calls beyond it are
+  // refused with RESOURCE_EXHAUSTED.
+  grpc::ResourceQuota quota("handoffd");
+  quota.SetMaxThreads(options_.max_watchers + 64);
+  builder.SetResourceQuota(quota);
+  grpc_server_ = builder.BuildAndStart();
+  if (grpc_server_ == nullptr || port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("listen: cannot serve on ", options_.listen));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Server::WritePortFile() const {
+  if (options_.port_file.empty()) return absl::OkStatus();
+  std::string content = absl::StrCat(port_, "\n");
+  if (metrics_ != nullptr) absl::StrAppend(&content, metrics_->port(), "\n");
+  const std::string temp = options_.port_file + ".tmp";
+  {
+    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+    out << content;
+    out.close();
+    if (!out) return absl::FailedPreconditionError(absl::StrCat("port_file: cannot write ", temp));
+  }
+  if (std::rename(temp.c_str(), options_.port_file.c_str()) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("port_file: cannot rename to ", options_.port_file));
+  }
+  return absl::OkStatus();
+}
+
+void Server::WaitForTermination() {
+  shutdown_requested_.WaitForNotification();
+  Shutdown();
+}
+
+void Server::RequestShutdown() {
+  absl::MutexLock lock(&shutdown_mu_);
+  if (!shutdown_requested_.HasBeenNotified()) shutdown_requested_.Notify();
+}
+
+void Server::Shutdown() {
+  {
+    absl::MutexLock lock(&shutdown_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  const absl::Time start = absl::Now();
+  if (health_ != nullptr) health_->Stop();                         // 1
+  if (admin_service_ != nullptr) admin_service_->BeginShutdown();  // 2
+  if (grpc_server_ != nullptr) {                                   // 3
+    grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.shutdown_grace / 4));
+    grpc_server_->Wait();
+  }
+  metrics_.reset();                                                // 4
+  if (manager_ != nullptr) manager_->Shutdown();                   // 5
+  manager_.reset();                                                // 6
+  if (store_ != nullptr) {
+    const absl::Status flushed = store_->Flush();
+    if (!flushed.ok()) {
+      logger_->Error("store flush at shutdown failed", {{"error", flushed.message()}});
+    }
+    store_.reset();
+  }
+  logger_->Info("stopped",
+                {{"shutdown_ms", absl::StrCat(absl::ToInt64Milliseconds(absl::Now() - start))}});
+}
+
+Server::~Server() {
+  Shutdown();
+  signals_.reset();
+  RouteGrpcLogsTo(nullptr);
+}
+
+}  // namespace handoff::server

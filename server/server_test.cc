@@ -1,0 +1,157 @@
+#include "server/server.h"
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/impl/codegen/client_unary_call.h>
+#include <grpcpp/impl/codegen/rpc_method.h>
+#include <grpcpp/security/credentials.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "grpc/health/v1/health.pb.h"
+#include "gtest/gtest.h"
+#include "handoff/v1/consumer_admin.grpc.pb.h"
+#include "tests/testing/fake_source_manager.h"
+
+namespace handoff::server {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(root == nullptr ? "/tmp" : root, "/", name);
+}
+
+ServerOptions TestOptions(const std::string& name) {
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.data_dir = TempDir(name);
+  options.insecure_disable_auth = true;
+  options.log_level = LogLevel::kWarning;
+  options.shutdown_grace = absl::Seconds(5);
+  options.source_manager_factory = [](consumer::SourceManagerOptions)
+      -> absl::StatusOr<std::unique_ptr<consumer::SourceManager>> {
+    return std::make_unique<testing::FakeSourceManager>();
+  };
+  return options;
+}
+
+grpc::Status HealthCheck(const std::shared_ptr<grpc::Channel>& channel, const std::string& name,
+                         grpc::health::v1::HealthCheckResponse* response) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(name);
+  const grpc::internal::RpcMethod method("/grpc.health.v1.Health/Check",
+                                         grpc::internal::RpcMethod::NORMAL_RPC, channel);
+  return grpc::internal::BlockingUnaryCall(channel.get(), method, &context, request, response);
+}
+
+TEST(ServerTest, ServesAdminHealthAndMetricsThenShutsDownAndReleasesTheStore) {
+  ServerOptions options = TestOptions("serve");
+  options.port_file = TempDir("serve.port");
+  options.metrics_listen = "127.0.0.1:0";
+  auto server = Server::BuildAndStart(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_GT((*server)->port(), 0);
+  ASSERT_GT((*server)->metrics_port(), 0);
+
+  std::ifstream port_file(options.port_file);
+  int port = 0, metrics_port = 0;
+  port_file >> port >> metrics_port;
+  EXPECT_EQ(port, (*server)->port());
+  EXPECT_EQ(metrics_port, (*server)->metrics_port());
+
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                     grpc::InsecureChannelCredentials());
+  grpc::health::v1::HealthCheckResponse health;
+  ASSERT_TRUE(HealthCheck(channel, "", &health).ok());
+  EXPECT_EQ(health.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  ASSERT_TRUE(HealthCheck(channel, "handoff.v1.ConsumerAdmin", &health).ok());
+  EXPECT_EQ(health.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+
+  auto stub = handoff::v1::ConsumerAdmin::NewStub(channel);
+  {
+    grpc::ClientContext context;
+    handoff::v1::CreateSourceRequest request;
+    request.mutable_spec()->set_id("src");
+    request.mutable_spec()->set_provider_url("http://127.0.0.1:1");
+    handoff::v1::Source source;
+    ASSERT_TRUE(stub->CreateSource(&context, request, &source).ok());
+  }
+
+  // A watcher is open when shutdown starts: it must end with OK, not hold shutdown up.
+  grpc::ClientContext watch_context;
+  handoff::v1::WatchProgressRequest watch;
+  watch.set_source_id("src");
+  auto reader = stub->WatchProgress(&watch_context, watch);
+  handoff::v1::Progress progress;
+  ASSERT_TRUE(reader->Read(&progress));
+
+  std::thread waiter([&] { (*server)->WaitForTermination(); });
+  (*server)->RequestShutdown();
+  while (reader->Read(&progress)) {
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  waiter.join();
+  server->reset();
+
+  // The database was closed: the same data_dir opens again.
+  auto again = Server::BuildAndStart(options);
+  ASSERT_TRUE(again.ok()) << again.status();
+}
+
+TEST(ServerTest, RequiresAnExplicitAuthChoice) {
+  ServerOptions options = TestOptions("auth-choice");
+  options.insecure_disable_auth = false;
+  auto server = Server::BuildAndStart(options);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(server.status().message().find("auth_tokens_file"), absl::string_view::npos);
+
+  options.auth_tokens_file = TempDir("tokens");
+  options.insecure_disable_auth = true;
+  EXPECT_EQ(Server::BuildAndStart(options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ServerTest, RefusesHalfTlsAndUnreadableFiles) {
+  ServerOptions options = TestOptions("tls");
+  options.tls_cert = TempDir("missing.pem");
+  auto half = Server::BuildAndStart(options);
+  EXPECT_EQ(half.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(half.status().message().find("tls_key"), absl::string_view::npos);
+
+  options.tls_key = TempDir("missing.key");
+  auto unreadable = Server::BuildAndStart(options);
+  EXPECT_EQ(unreadable.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(unreadable.status().message().find("tls_cert"), absl::string_view::npos);
+}
+
+TEST(ServerTest, BadSourcesConfigFailsStartAndReleasesTheStore) {
+  ServerOptions options = TestOptions("bad-config");
+  options.sources_config = TempDir("bad.textproto");
+  {
+    std::ofstream out(options.sources_config);
+    out << "sources { spec { id: \"Bad!\" provider_url: \"http://x\" } }\n";
+  }
+  auto server = Server::BuildAndStart(options);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(server.status().message().find("sources[0]"), absl::string_view::npos)
+      << server.status();
+  options.sources_config.clear();
+  EXPECT_TRUE(Server::BuildAndStart(options).ok());
+}
+
+TEST(ServerTest, ListenFailureIsUnavailable) {
+  auto first = Server::BuildAndStart(TestOptions("listen-a"));
+  ASSERT_TRUE(first.ok());
+  ServerOptions options = TestOptions("listen-b");
+  options.listen = absl::StrCat("127.0.0.1:", (*first)->port());
+  auto second = Server::BuildAndStart(options);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace handoff::server

@@ -1,0 +1,51 @@
+// Declared sources: the --sources_config file (protobuf text format of
+// handoff.v1.SourcesConfig, a Kubernetes ConfigMap in production), applied at start.
+//
+// For each declared source, in file order:
+//  * unknown id: CreateSource(spec, start). The core validates the spec, so a bad field
+//    fails start-up with the core's message prefixed by "sources_config: sources[i]".
+//  * known id, same spec (the core's idempotent CreateSource accepts it): nothing
+//    changes; StartSource if `start`.
+//  * known id, different spec: the changed fields are classified. A change of the
+//    identity (provider_url, chain, source, filter), the start position or the sink
+//    (kind, target, gate, ...) is refused: FAILED_PRECONDITION naming the fields, and
+//    the server does not start. Such a change needs an explicit operator decision
+//    (DeleteSource + CreateSource, or RebuildSource). Any other change is "safe":
+//    transport, page_limit, api_key (the reference, never the key) and failure_policy;
+//    see ApplySourcesConfig about applying it.
+//
+// Thread-compatible (pure functions over a thread-safe SourceManager).
+#ifndef HANDOFF_SERVER_SOURCES_CONFIG_H_
+#define HANDOFF_SERVER_SOURCES_CONFIG_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "consumer/source_manager.h"
+#include "handoff/v1/config.pb.h"
+#include "server/logging.h"
+
+namespace handoff::server {
+
+// Parses the file; INVALID_ARGUMENT with the line and column of a syntax error.
+absl::StatusOr<handoff::v1::SourcesConfig> LoadSourcesConfig(const std::string& path);
+absl::StatusOr<handoff::v1::SourcesConfig> ParseSourcesConfig(const std::string& text);
+
+// The top-level SourceSpec fields (by name, e.g. "page_limit", "sink") in which `a`
+// and `b` differ, in field-number order.
+std::vector<std::string> ChangedSpecFields(const handoff::v1::SourceSpec& a,
+                                           const handoff::v1::SourceSpec& b);
+// Whether changing `field` keeps the checkpoint and every receipt meaningful.
+bool IsSafeSpecChange(const std::string& field);
+
+// Applies `config` (see above). A safe change is logged as a warning and NOT applied
+// yet: the core has no UpdateSource (the stored spec stays in force until the source is
+// recreated). Returns the first refusal; sources before it are already applied.
+absl::Status ApplySourcesConfig(const handoff::v1::SourcesConfig& config,
+                                consumer::SourceManager* manager, Logger* logger);
+
+}  // namespace handoff::server
+
+#endif  // HANDOFF_SERVER_SOURCES_CONFIG_H_

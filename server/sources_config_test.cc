@@ -1,0 +1,135 @@
+#include "server/sources_config.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/testing/fake_source_manager.h"
+
+namespace handoff::server {
+namespace {
+
+constexpr char kConfig[] = R"pb(
+  sources {
+    spec {
+      id: "mainnet-usdc"
+      provider_url: "https://events.example.com"
+      chain: "ethereum"
+      source: "usdc"
+      filter: "Transfer"
+      transport: TRANSPORT_POLL
+      start { block: 100 }
+      page_limit: 500
+      api_key { file: "/secrets/provider/key" }
+      sink { local_rows {} }
+    }
+    start: true
+  }
+  sources {
+    spec { id: "second" provider_url: "http://127.0.0.1:9" }
+  }
+)pb";
+
+class SourcesConfigTest : public ::testing::Test {
+ protected:
+  std::vector<std::string> lines_;
+  Logger logger_{LogLevel::kDebug, [this](absl::string_view l) { lines_.emplace_back(l); }};
+  testing::FakeSourceManager manager_;
+};
+
+TEST_F(SourcesConfigTest, ParsesTextFormat) {
+  auto config = ParseSourcesConfig(kConfig);
+  ASSERT_TRUE(config.ok()) << config.status();
+  ASSERT_EQ(config->sources_size(), 2);
+  EXPECT_EQ(config->sources(0).spec().api_key().file(), "/secrets/provider/key");
+  EXPECT_TRUE(config->sources(0).start());
+}
+
+TEST_F(SourcesConfigTest, SyntaxErrorNamesLineAndColumn) {
+  auto config = ParseSourcesConfig("sources {\n  spec { idd: \"x\" }\n}\n");
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(config.status().message().find("line 2"), absl::string_view::npos)
+      << config.status();
+}
+
+TEST_F(SourcesConfigTest, CreatesAndStartsDeclaredSources) {
+  auto config = ParseSourcesConfig(kConfig);
+  ASSERT_TRUE(config.ok());
+  ASSERT_TRUE(ApplySourcesConfig(*config, &manager_, &logger_).ok());
+  auto first = manager_.GetSource("mainnet-usdc");
+  ASSERT_TRUE(first.ok());
+  EXPECT_TRUE(first->desired_running());
+  auto second = manager_.GetSource("second");
+  ASSERT_TRUE(second.ok());
+  EXPECT_FALSE(second->desired_running());
+  // Applying the same file again is a no-op.
+  EXPECT_TRUE(ApplySourcesConfig(*config, &manager_, &logger_).ok());
+}
+
+TEST_F(SourcesConfigTest, InvalidSpecNamesTheEntryAndTheField) {
+  auto config = ParseSourcesConfig(R"pb(sources { spec { id: "Bad!" } })pb");
+  ASSERT_TRUE(config.ok());
+  const absl::Status status = ApplySourcesConfig(*config, &manager_, &logger_);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("sources[0]"), absl::string_view::npos) << status;
+  EXPECT_NE(status.message().find("spec.id"), absl::string_view::npos) << status;
+}
+
+TEST_F(SourcesConfigTest, UnsafeChangeIsRefusedNamingTheFields) {
+  auto config = ParseSourcesConfig(kConfig);
+  ASSERT_TRUE(config.ok());
+  ASSERT_TRUE(ApplySourcesConfig(*config, &manager_, &logger_).ok());
+  config->mutable_sources(0)->mutable_spec()->set_chain("polygon");
+  config->mutable_sources(0)->mutable_spec()->mutable_start()->set_block(5);
+  const absl::Status status = ApplySourcesConfig(*config, &manager_, &logger_);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("chain, start"), absl::string_view::npos) << status;
+  EXPECT_NE(status.message().find("mainnet-usdc"), absl::string_view::npos) << status;
+}
+
+TEST_F(SourcesConfigTest, SinkChangeIsRefused) {
+  auto config = ParseSourcesConfig(kConfig);
+  ASSERT_TRUE(config.ok());
+  ASSERT_TRUE(ApplySourcesConfig(*config, &manager_, &logger_).ok());
+  config->mutable_sources(0)->mutable_spec()->mutable_sink()->mutable_downstream()->set_target(
+      "127.0.0.1:9000");
+  EXPECT_EQ(ApplySourcesConfig(*config, &manager_, &logger_).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(SourcesConfigTest, SafeChangeIsAcceptedAndLogged) {
+  auto config = ParseSourcesConfig(kConfig);
+  ASSERT_TRUE(config.ok());
+  ASSERT_TRUE(ApplySourcesConfig(*config, &manager_, &logger_).ok());
+  auto* spec = config->mutable_sources(0)->mutable_spec();
+  spec->set_page_limit(100);
+  spec->set_transport(handoff::v1::TRANSPORT_SSE);
+  spec->mutable_api_key()->set_env("PROVIDER_KEY");
+  spec->mutable_failure_policy()->set_max_attempts(9);
+  lines_.clear();
+  ASSERT_TRUE(ApplySourcesConfig(*config, &manager_, &logger_).ok());
+  bool warned = false;
+  for (const std::string& line : lines_) {
+    if (line.find("safe fields") != std::string::npos &&
+        line.find("transport,page_limit,api_key,failure_policy") != std::string::npos) {
+      warned = true;
+    }
+  }
+  EXPECT_TRUE(warned);
+}
+
+TEST(ChangedSpecFieldsTest, ListsTopLevelFieldsInOrder) {
+  handoff::v1::SourceSpec a, b;
+  a.set_id("x");
+  b.set_id("x");
+  EXPECT_TRUE(ChangedSpecFields(a, b).empty());
+  b.set_filter("f");
+  b.mutable_sink()->set_gate(handoff::v1::DELIVERY_GATE_SAFE);
+  EXPECT_EQ(ChangedSpecFields(a, b), (std::vector<std::string>{"filter", "sink"}));
+  EXPECT_FALSE(IsSafeSpecChange("filter"));
+  EXPECT_FALSE(IsSafeSpecChange("provider_url"));
+  EXPECT_TRUE(IsSafeSpecChange("page_limit"));
+}
+
+}  // namespace
+}  // namespace handoff::server

@@ -91,7 +91,8 @@ absl::StatusOr<std::unique_ptr<GrpcEventSink>> GrpcEventSink::Create(
       std::max<int>(1, static_cast<int>(absl::ToInt64Milliseconds(options.max_reconnect_backoff)));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_backoff_ms);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(100, max_backoff_ms));
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::min(100, max_backoff_ms));
+  // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: it is also the connect timeout (default 20 s),
+  // and a short one fails every connection slower than it (TLS, remote sinks).
   std::shared_ptr<grpc::ChannelCredentials> credentials =
       options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials();
   std::shared_ptr<grpc::Channel> channel =

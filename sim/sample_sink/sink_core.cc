@@ -116,12 +116,6 @@ absl::StatusOr<std::vector<ApplyResponse>> SinkCore::ApplyEvents(
   absl::flat_hash_map<std::string, size_t> pending;  // key -> index in writes
   uint64_t new_keys = 0;
   handoff::sim::v1::Stats delta;
-  // Commits what this call wrote so far (one batch, one sync).
-  auto commit = [&]() -> absl::Status {
-    absl::Status s = store_->Write(writes, new_keys);
-    if (s.ok()) new_records_ += new_keys;
-    return s;
-  };
   for (const ApplyRequest* request : requests) {
     if (Matches(faults.reject(), *request)) {
       delta.set_rejected(delta.rejected() + 1);
@@ -163,7 +157,7 @@ absl::StatusOr<std::vector<ApplyResponse>> SinkCore::ApplyEvents(
     }
     const uint64_t nth = new_records_ + new_keys + 1;
     if (faults.die_before_records() > 0 && nth == faults.die_before_records()) {
-      absl::Status s = commit();
+      absl::Status s = Commit(writes, new_keys);
       if (!s.ok()) return s;
       Crash();
       return absl::UnavailableError("sample sink crashed (die_before_records)");
@@ -177,13 +171,13 @@ absl::StatusOr<std::vector<ApplyResponse>> SinkCore::ApplyEvents(
     delta.set_applied(delta.applied() + 1);
     out.push_back(Answer(handoff::v1::APPLY_OUTCOME_APPLIED, ""));
     if (faults.die_after_records() > 0 && nth == faults.die_after_records()) {
-      absl::Status s = commit();
+      absl::Status s = Commit(writes, new_keys);
       if (!s.ok()) return s;
       Crash();
       return absl::UnavailableError("sample sink crashed (die_after_records)");
     }
   }
-  absl::Status s = commit();
+  absl::Status s = Commit(writes, new_keys);
   if (!s.ok()) return s;
   absl::MutexLock lock(&mu_);
   stats_.set_applied(stats_.applied() + delta.applied());
@@ -192,6 +186,13 @@ absl::StatusOr<std::vector<ApplyResponse>> SinkCore::ApplyEvents(
   stats_.set_needs_review(stats_.needs_review() + delta.needs_review());
   stats_.set_ignored(stats_.ignored() + delta.ignored());
   return out;
+}
+
+absl::Status SinkCore::Commit(const std::vector<std::pair<std::string, SinkRecord>>& writes,
+                              uint64_t new_keys) {
+  absl::Status s = store_->Write(writes, new_keys);
+  if (s.ok()) new_records_ += new_keys;
+  return s;
 }
 
 void SinkCore::Crash() {

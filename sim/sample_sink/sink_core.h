@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -84,6 +85,10 @@ class SinkCore {
   absl::StatusOr<std::vector<handoff::v1::ApplyResponse>> ApplyEvents(
       absl::Span<const handoff::v1::ApplyRequest* const> requests,
       const handoff::sim::v1::FaultConfig& faults) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+
+  // Writes what a call recorded so far (one batch, one sync); `new_keys` of them are new.
+  absl::Status Commit(const std::vector<std::pair<std::string, SinkRecord>>& writes,
+                      uint64_t new_keys) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
 
   // Fires a die_* fault: the hook (or abort), then the dead state.
   void Crash() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);

@@ -143,7 +143,11 @@ class Store {
 
   // Writes `batch` and the checkpoint update of `stage` atomically, synced, if `fence`
   // holds; returns the new checkpoint. ABORTED (nothing written) when the fence fails;
-  // NOT_FOUND without a checkpoint; UNAVAILABLE on a storage failure.
+  // NOT_FOUND without a checkpoint; UNAVAILABLE on a storage failure, after which the
+  // outcome is unknown (a WAL record whose fsync failed may still be found after a
+  // reopen: all of the step, never part of it), so reread the checkpoint after
+  // reopening; FAILED_PRECONDITION once an earlier write failed (before the fence is
+  // checked). On failure `batch` is left as the caller built it.
   absl::StatusOr<CheckpointRecord> CommitStep(Stage stage, StepBatch* batch,
                                               const Fence& fence,
                                               const CheckpointUpdate& update);

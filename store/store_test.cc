@@ -724,6 +724,27 @@ TEST_F(StoreFaultTest, WalSyncFailureIsUnavailableAndLostOnPowerLoss) {
   ExpectRefusedThenUnchanged(/*drop_unsynced=*/true);
 }
 
+// Without a power loss the synced-or-not record may come back on reopen: UNAVAILABLE
+// means "outcome unknown", never "partly written". The step is all there or none of it.
+TEST_F(StoreFaultTest, WalSyncFailureOutcomeIsAllOrNothingAfterReopen) {
+  Arm(FaultInjectionFs::kSync, FaultInjectionFs::Error::kIoError);
+  EXPECT_EQ(CommitBigStep().code(), absl::StatusCode::kUnavailable);
+  store_.reset();
+  fs_->Disarm();
+  Open();
+  const CheckpointRecord cp = Checkpoint("s");
+  const int rows = CountRows(store_.get(), "s");
+  if (cp.version() == 1u) {
+    EXPECT_EQ(cp.resume_cursor(), "c1");
+    EXPECT_EQ(rows, 0);
+  } else {
+    EXPECT_EQ(cp.version(), 2u);
+    EXPECT_EQ(cp.resume_cursor(), "c2");
+    EXPECT_EQ(rows, 300);
+    EXPECT_EQ(CountStaged(store_.get(), StagedFamily::kReceipts, "s", Stage::kIngest), 300);
+  }
+}
+
 TEST_F(StoreFaultTest, DiskFullIsUnavailableAndWritesNothing) {
   Arm(FaultInjectionFs::kAppend | FaultInjectionFs::kSync | FaultInjectionFs::kCreate,
       FaultInjectionFs::Error::kNoSpace, 0, "");

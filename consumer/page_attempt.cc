@@ -328,6 +328,7 @@ std::optional<PageAttempt::Result> PageAttempt::CommitSlots(
   }
   store::Fence fence;
   fence.expected_version = request_version_;
+  fence.expected_step_seq = checkpoint_.step_seq();
   if (with_barrier) {
     fence.barrier = store::Fence::Barrier{request_cursor_, page_.next};
     deltas.set_pages_committed(deltas.pages_committed() + 1);

@@ -219,27 +219,38 @@ void SourceWorker::PublishAttempt(const PageAttempt* attempt) {
   });
 }
 
-AttemptConfig SourceWorker::MakeConfig(store::Stage stage) const {
+AttemptConfig MakeAttemptConfig(const handoff::v1::SourceSpec& spec, store::Stage stage,
+                                store::Store* store, ExternalSink* sink,
+                                TransactionalEffect* effect, EngineObserver* observer,
+                                const WorkerOptions& options,
+                                const std::atomic<bool>* cancelled) {
+  const bool gated = spec.sink().has_downstream() &&
+                     (spec.sink().gate() == handoff::v1::DELIVERY_GATE_SAFE ||
+                      spec.sink().gate() == handoff::v1::DELIVERY_GATE_FINALIZED);
   AttemptConfig c;
-  c.source_id = spec_.id();
+  c.source_id = spec.id();
   c.stage = stage;
-  c.store = parts_.store;
-  c.policy = NormalizedPolicy(spec_.failure_policy());
-  c.max_events_per_step = options_.max_events_per_step;
-  c.fuse_barrier = options_.fuse_barrier;
-  c.observer = parts_.observer;
-  c.cancelled = &stop_;
-  c.gate = spec_.sink().gate();
+  c.store = store;
+  c.policy = NormalizedPolicy(spec.failure_policy());
+  c.max_events_per_step = options.max_events_per_step;
+  c.fuse_barrier = options.fuse_barrier;
+  c.observer = observer;
+  c.cancelled = cancelled;
+  c.gate = spec.sink().gate();
   if (stage == store::Stage::kIngest) {
-    c.sink = gated_ ? nullptr : parts_.sink.get();
-    c.effect = parts_.effect;
-    c.write_outbox = gated_;
-    c.delivered_orphan_is_violation =
-        spec_.sink().gate() == handoff::v1::DELIVERY_GATE_FINALIZED;
+    c.sink = gated ? nullptr : sink;
+    c.effect = effect;
+    c.write_outbox = gated;
+    c.delivered_orphan_is_violation = spec.sink().gate() == handoff::v1::DELIVERY_GATE_FINALIZED;
   } else {
-    c.sink = parts_.sink.get();
+    c.sink = sink;
   }
   return c;
+}
+
+AttemptConfig SourceWorker::MakeConfig(store::Stage stage) const {
+  return MakeAttemptConfig(spec_, stage, parts_.store, parts_.sink.get(), parts_.effect,
+                           parts_.observer, options_, &stop_);
 }
 
 bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {

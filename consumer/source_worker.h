@@ -61,6 +61,13 @@ struct WorkerOptions {
 // counters). Shared by the worker and the SourceManager.
 void FillProgressFromCheckpoint(const store::CheckpointRecord& cp, handoff::v1::Progress* progress);
 
+// The AttemptConfig of `stage` for a source: which sink, effect and outbox apply.
+AttemptConfig MakeAttemptConfig(const handoff::v1::SourceSpec& spec, store::Stage stage,
+                                store::Store* store, ExternalSink* sink,
+                                TransactionalEffect* effect, EngineObserver* observer,
+                                const WorkerOptions& options,
+                                const std::atomic<bool>* cancelled);
+
 class SourceWorker {
  public:
   struct Parts {

@@ -385,6 +385,14 @@ absl::StatusOr<CheckpointRecord> Store::CommitStep(Stage stage, StepBatch* step,
         "checkpoint of ", id, " moved: attempt holds version ", fence.expected_version,
         ", stored version is ", record.version(), "; reread and retry"));
   }
+  if (!fence.any_version) {
+    if (fence.expected_step_seq.has_value() && record.step_seq() != *fence.expected_step_seq) {
+      return absl::AbortedError(absl::StrCat(
+          "checkpoint of ", id, " was written by another attempt of version ",
+          record.version(), "; reread and retry"));
+    }
+    record.set_step_seq(record.step_seq() + 1);
+  }
   if (fence.barrier.has_value()) {
     if (record.resume_cursor() != fence.barrier->expected_cursor) {
       return absl::AbortedError(absl::StrCat(

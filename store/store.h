@@ -66,6 +66,8 @@ struct StoreOptions {
 // The fence of a write: what the attempt believes the checkpoint is.
 struct Fence {
   uint64_t expected_version = 0;
+  // When set, the stored step_seq must equal it (finer fencing within one version).
+  std::optional<uint64_t> expected_step_seq;
   // Set for a page barrier: the stored resume cursor must equal `expected_cursor`; the
   // commit sets it to `next_cursor` and the version to expected_version + 1.
   struct Barrier {

@@ -22,8 +22,8 @@ SinkAnswer TransportError(std::string message) {
 std::string Describe(absl::string_view rpc, const grpc::Status& s) {
   // grpc::StatusCode and absl::StatusCode share their numbering.
   return absl::StrCat(rpc, ": ",
-                      absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())),
-                      ": ", s.error_message());
+                      absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())), ": ",
+                      s.error_message());
 }
 
 // The sink's stated outcome for one event, as a SinkAnswer.
@@ -74,16 +74,15 @@ absl::Status CheckOptions(const GrpcEventSinkOptions& options) {
     return absl::InvalidArgumentError("downstream sink: deadline must be positive");
   }
   if (options.max_batch < 1 || options.max_batch > GrpcEventSink::kMaxBatchLimit) {
-    return absl::InvalidArgumentError(absl::StrCat("downstream sink: max_batch must be in 1..",
-                                                   GrpcEventSink::kMaxBatchLimit));
+    return absl::InvalidArgumentError(
+        absl::StrCat("downstream sink: max_batch must be in 1..", GrpcEventSink::kMaxBatchLimit));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<GrpcEventSink>> GrpcEventSink::Create(
-    GrpcEventSinkOptions options) {
+absl::StatusOr<std::unique_ptr<GrpcEventSink>> GrpcEventSink::Create(GrpcEventSinkOptions options) {
   absl::Status s = CheckOptions(options);
   if (!s.ok()) return s;
   grpc::ChannelArguments args;
@@ -100,8 +99,7 @@ absl::StatusOr<std::unique_ptr<GrpcEventSink>> GrpcEventSink::Create(
   return std::make_unique<GrpcEventSink>(std::move(channel), std::move(options));
 }
 
-GrpcEventSink::GrpcEventSink(std::shared_ptr<grpc::Channel> channel,
-                             GrpcEventSinkOptions options)
+GrpcEventSink::GrpcEventSink(std::shared_ptr<grpc::Channel> channel, GrpcEventSinkOptions options)
     : channel_(std::move(channel)),
       stub_(handoff::v1::EventSink::NewStub(channel_)),
       deadline_(options.deadline),
@@ -222,8 +220,8 @@ GrpcEventSink::BatchResult GrpcEventSink::CallApplyBatch(
     if (j < static_cast<size_t>(response.results_size())) {
       answers->push_back(ToAnswer(response.results(j)));
     } else {
-      answers->push_back(TransportError(absl::StrCat(
-          "missing from the ApplyBatch response (", response.results_size(), " of ", n, ")")));
+      answers->push_back(TransportError(absl::StrCat("missing from the ApplyBatch response (",
+                                                     response.results_size(), " of ", n, ")")));
     }
   }
   return static_cast<size_t>(response.results_size()) < n ? BatchResult::kShort
@@ -236,8 +234,7 @@ absl::StatusOr<std::unique_ptr<ExternalSink>> MakeExternalSink(
 }
 
 absl::StatusOr<std::unique_ptr<ExternalSink>> MakeExternalSink(
-    const handoff::v1::SourceSpec& spec,
-    std::shared_ptr<grpc::ChannelCredentials> credentials) {
+    const handoff::v1::SourceSpec& spec, std::shared_ptr<grpc::ChannelCredentials> credentials) {
   if (spec.sink().kind_case() != handoff::v1::SinkSpec::kDownstream) {
     return std::unique_ptr<ExternalSink>();  // local rows: no external effect
   }
@@ -247,8 +244,8 @@ absl::StatusOr<std::unique_ptr<ExternalSink>> MakeExternalSink(
   if (d.deadline_ms() > 0) options.deadline = absl::Milliseconds(d.deadline_ms());
   options.batch = d.batch();
   if (d.max_batch() > 0) {
-    options.max_batch = static_cast<int>(
-        std::min<uint32_t>(d.max_batch(), GrpcEventSink::kMaxBatchLimit + 1));
+    options.max_batch =
+        static_cast<int>(std::min<uint32_t>(d.max_batch(), GrpcEventSink::kMaxBatchLimit + 1));
   }
   options.credentials = std::move(credentials);
   absl::StatusOr<std::unique_ptr<GrpcEventSink>> sink = GrpcEventSink::Create(std::move(options));

@@ -110,14 +110,12 @@ class GrpcEventSink final : public ExternalSink {
 // The ExternalSink of `spec`: a GrpcEventSink for a Downstream sink, nullptr for local
 // rows (or no sink). INVALID_ARGUMENT for a Downstream spec without target or with
 // max_batch above GrpcEventSink::kMaxBatchLimit. Defaults: deadline 5000 ms, max_batch 256.
-absl::StatusOr<std::unique_ptr<ExternalSink>> MakeExternalSink(
-    const handoff::v1::SourceSpec& spec);
+absl::StatusOr<std::unique_ptr<ExternalSink>> MakeExternalSink(const handoff::v1::SourceSpec& spec);
 
 // As above, with explicit channel credentials (null: insecure), e.g. TLS:
 // grpc::SslCredentials(grpc::SslCredentialsOptions{.pem_root_certs = ...}).
 absl::StatusOr<std::unique_ptr<ExternalSink>> MakeExternalSink(
-    const handoff::v1::SourceSpec& spec,
-    std::shared_ptr<grpc::ChannelCredentials> credentials);
+    const handoff::v1::SourceSpec& spec, std::shared_ptr<grpc::ChannelCredentials> credentials);
 
 }  // namespace handoff::consumer
 

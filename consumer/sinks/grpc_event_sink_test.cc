@@ -84,8 +84,7 @@ TEST(GrpcEventSinkTest, PerEventAppliesThenReplaysAreAlreadyApplied) {
   auto client = Client(*sink, /*batch=*/false);
   EXPECT_EQ(client->max_batch(), 1);
   Events events(3);
-  EXPECT_EQ(Kinds(client->Deliver(kSource, events.all())),
-            std::vector<Kind>(3, Kind::kApplied));
+  EXPECT_EQ(Kinds(client->Deliver(kSource, events.all())), std::vector<Kind>(3, Kind::kApplied));
   EXPECT_EQ(Kinds(client->Deliver(kSource, events.all())),
             std::vector<Kind>(3, Kind::kAlreadyApplied));
   EXPECT_EQ(sink->stats().calls(), 6u);
@@ -105,8 +104,7 @@ TEST(GrpcEventSinkTest, BatchSendsChunksOfMaxBatch) {
   auto client = Client(*sink, /*batch=*/true, /*max_batch=*/4);
   EXPECT_EQ(client->max_batch(), 4);
   Events events(10);
-  EXPECT_EQ(Kinds(client->Deliver(kSource, events.all())),
-            std::vector<Kind>(10, Kind::kApplied));
+  EXPECT_EQ(Kinds(client->Deliver(kSource, events.all())), std::vector<Kind>(10, Kind::kApplied));
   EXPECT_EQ(sink->stats().calls(), 3u);
   EXPECT_EQ(sink->stats().batch_calls(), 3u);
   EXPECT_EQ(sink->stats().records(), 10u);
@@ -142,8 +140,7 @@ TEST(GrpcEventSinkTest, RetryLaterCarriesTheSinksDelay) {
   ASSERT_EQ(Kinds(answers), std::vector<Kind>(2, Kind::kRetryLater));
   ASSERT_TRUE(answers[1].retry_after.has_value());
   EXPECT_EQ(*answers[1].retry_after, absl::Milliseconds(750));
-  EXPECT_EQ(Kinds(client->Deliver(kSource, events.all())),
-            std::vector<Kind>(2, Kind::kApplied));
+  EXPECT_EQ(Kinds(client->Deliver(kSource, events.all())), std::vector<Kind>(2, Kind::kApplied));
 }
 
 TEST(GrpcEventSinkTest, UnavailableIsATransportErrorAndStopsTheCall) {
@@ -159,8 +156,7 @@ TEST(GrpcEventSinkTest, UnavailableIsATransportErrorAndStopsTheCall) {
   EXPECT_TRUE(absl::StrContains(answers[2].message, "not sent")) << answers[2].message;
   EXPECT_EQ(sink->stats().calls(), 1u);  // the rest were not sent
   EXPECT_EQ(sink->stats().records(), 0u);
-  EXPECT_EQ(Kinds(client->Deliver(kSource, events.all())),
-            std::vector<Kind>(3, Kind::kApplied));
+  EXPECT_EQ(Kinds(client->Deliver(kSource, events.all())), std::vector<Kind>(3, Kind::kApplied));
 }
 
 TEST(GrpcEventSinkTest, DeadlineExceededIsATransportError) {
@@ -198,8 +194,7 @@ TEST(GrpcEventSinkTest, UnimplementedBatchFallsBackToApplyForGood) {
   auto client = Client(*sink, /*batch=*/true, /*max_batch=*/4);
   EXPECT_EQ(client->max_batch(), 4);
   Events events(3);
-  EXPECT_EQ(Kinds(client->Deliver(kSource, events.all())),
-            std::vector<Kind>(3, Kind::kApplied));
+  EXPECT_EQ(Kinds(client->Deliver(kSource, events.all())), std::vector<Kind>(3, Kind::kApplied));
   EXPECT_EQ(client->max_batch(), 1);
   EXPECT_EQ(sink->stats().batch_calls(), 1u);
   EXPECT_EQ(sink->stats().calls(), 4u);
@@ -282,16 +277,13 @@ TEST(GrpcEventSinkTest, ADeliveryWithoutARowIsNotSent) {
 
 TEST(GrpcEventSinkTest, CreateRejectsBadOptions) {
   GrpcEventSinkOptions options;
-  EXPECT_EQ(GrpcEventSink::Create(options).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GrpcEventSink::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
   options.target = "127.0.0.1:1";
   options.max_batch = 0;
-  EXPECT_EQ(GrpcEventSink::Create(options).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GrpcEventSink::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
   options.max_batch = 1;
   options.deadline = absl::ZeroDuration();
-  EXPECT_EQ(GrpcEventSink::Create(options).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GrpcEventSink::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(MakeExternalSinkTest, LocalRowsHaveNoExternalSink) {

@@ -1,0 +1,763 @@
+#include "consumer/provider/http_provider.h"
+
+#include <curl/curl.h>
+#include <simdjson.h>
+
+#include <algorithm>
+#include <functional>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
+#include "consumer/provider/sse_parser.h"
+
+namespace handoff::consumer {
+namespace {
+
+constexpr size_t kMaxErrorBody = 64 * 1024;
+constexpr size_t kMaxMessage = 300;
+
+std::string UrlEscape(absl::string_view s) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(s.size());
+  for (unsigned char c : s) {
+    if (absl::ascii_isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  return out;
+}
+
+std::optional<absl::Duration> ParseRetryAfterHeader(absl::string_view v) {
+  v = absl::StripAsciiWhitespace(v);
+  int64_t seconds = 0;
+  if (absl::SimpleAtoi(v, &seconds)) return absl::Seconds(std::max<int64_t>(0, seconds));
+  std::string date(v);
+  time_t when = curl_getdate(date.c_str(), nullptr);
+  if (when < 0) return std::nullopt;
+  return std::max(absl::ZeroDuration(), absl::FromTimeT(when) - absl::Now());
+}
+
+void InitCurlOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+}  // namespace
+
+// One libcurl easy handle driven through a multi handle, so that another thread can
+// interrupt a transfer (curl_multi_wakeup) and an idle wait sleeps in poll().
+// Thread-compatible: Run is called by one thread at a time; Wakeup from any thread.
+class CurlSession {
+ public:
+  struct Request {
+    std::string url;
+    std::vector<std::string> headers;
+    std::string user_agent;
+    absl::Duration connect_timeout;
+    absl::Duration header_timeout;     // quiet time allowed before the headers complete
+    absl::Duration body_idle_timeout;  // quiet time allowed after
+  };
+  struct Response {
+    int status = 0;
+    std::string content_type;
+    std::optional<uint64_t> content_length;
+    std::optional<absl::Duration> retry_after;
+  };
+  // Callbacks run on the thread that called Run. Returning false aborts the transfer.
+  class Handler {
+   public:
+    virtual ~Handler() = default;
+    virtual bool OnHeaders(const Response& response) = 0;
+    virtual bool OnBody(absl::string_view chunk) = 0;
+  };
+  struct Result {
+    CURLcode code = CURLE_OK;
+    std::string error;           // curl's message
+    bool interrupted = false;    // should_stop() became true
+    bool idle_timeout = false;
+    bool headers_done = false;
+  };
+
+  CurlSession() {
+    InitCurlOnce();
+    multi_ = curl_multi_init();
+    easy_ = curl_easy_init();
+    curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, 1L);
+  }
+  ~CurlSession() {
+    curl_easy_cleanup(easy_);
+    curl_multi_cleanup(multi_);
+  }
+  bool ok() const { return multi_ != nullptr && easy_ != nullptr; }
+
+  void Wakeup() { curl_multi_wakeup(multi_); }
+  void DropConnections() { fresh_connect_.store(true); }
+
+  Result Run(const Request& request, Handler* handler, const std::function<bool()>& should_stop) {
+    Context ctx;
+    ctx.handler = handler;
+    ctx.last_activity = absl::Now();
+    curl_slist* headers = nullptr;
+    for (const std::string& h : request.headers) headers = curl_slist_append(headers, h.c_str());
+    char error[CURL_ERROR_SIZE] = {0};
+    curl_easy_reset(easy_);
+    curl_easy_setopt(easy_, CURLOPT_URL, request.url.c_str());
+    curl_easy_setopt(easy_, CURLOPT_HTTPGET, 1L);
+    curl_easy_setopt(easy_, CURLOPT_HTTPHEADER, headers);
+    curl_easy_setopt(easy_, CURLOPT_USERAGENT, request.user_agent.c_str());
+    curl_easy_setopt(easy_, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(easy_, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(easy_, CURLOPT_FOLLOWLOCATION, 0L);
+    curl_easy_setopt(easy_, CURLOPT_CONNECTTIMEOUT_MS,
+                     static_cast<long>(absl::ToInt64Milliseconds(request.connect_timeout)));
+    curl_easy_setopt(easy_, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(easy_, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(easy_, CURLOPT_BUFFERSIZE, 256L * 1024);
+    curl_easy_setopt(easy_, CURLOPT_ERRORBUFFER, error);
+    curl_easy_setopt(easy_, CURLOPT_WRITEFUNCTION, &CurlSession::WriteCallback);
+    curl_easy_setopt(easy_, CURLOPT_WRITEDATA, &ctx);
+    curl_easy_setopt(easy_, CURLOPT_HEADERFUNCTION, &CurlSession::HeaderCallback);
+    curl_easy_setopt(easy_, CURLOPT_HEADERDATA, &ctx);
+    if (fresh_connect_.exchange(false)) curl_easy_setopt(easy_, CURLOPT_FRESH_CONNECT, 1L);
+
+    Result result;
+    curl_multi_add_handle(multi_, easy_);
+    bool done = false;
+    while (true) {
+      int running = 0;
+      CURLMcode mc = curl_multi_perform(multi_, &running);
+      if (mc != CURLM_OK) {
+        result.code = CURLE_RECV_ERROR;
+        result.error = curl_multi_strerror(mc);
+        break;
+      }
+      if (running == 0) {
+        done = true;
+        break;
+      }
+      if (should_stop()) {
+        result.interrupted = true;
+        break;
+      }
+      absl::Duration limit =
+          ctx.headers_done ? request.body_idle_timeout : request.header_timeout;
+      absl::Duration left = ctx.last_activity + limit - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        result.idle_timeout = true;
+        break;
+      }
+      int timeout_ms = static_cast<int>(
+          std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 60 * 1000));
+      curl_multi_poll(multi_, nullptr, 0, timeout_ms, nullptr);
+    }
+    if (done) {
+      int queued = 0;
+      while (CURLMsg* msg = curl_multi_info_read(multi_, &queued)) {
+        if (msg->msg == CURLMSG_DONE && msg->easy_handle == easy_) result.code = msg->data.result;
+      }
+      if (result.code != CURLE_OK) result.error = error[0] ? error : curl_easy_strerror(result.code);
+    }
+    // Removing an unfinished transfer closes its connection; a finished one is kept.
+    curl_multi_remove_handle(multi_, easy_);
+    curl_easy_setopt(easy_, CURLOPT_ERRORBUFFER, nullptr);
+    curl_slist_free_all(headers);
+    result.headers_done = ctx.headers_done;
+    return result;
+  }
+
+ private:
+  struct Context {
+    Handler* handler = nullptr;
+    Response response;
+    bool headers_done = false;
+    absl::Time last_activity;
+  };
+
+  static size_t HeaderCallback(char* data, size_t size, size_t n, void* user) {
+    auto* ctx = static_cast<Context*>(user);
+    const size_t len = size * n;
+    ctx->last_activity = absl::Now();
+    absl::string_view line(data, len);
+    line = absl::StripTrailingAsciiWhitespace(line);
+    if (absl::StartsWith(line, "HTTP/")) {
+      ctx->response = Response();
+      size_t sp = line.find(' ');
+      int status = 0;
+      if (sp != absl::string_view::npos &&
+          absl::SimpleAtoi(line.substr(sp + 1, 3), &status)) {
+        ctx->response.status = status;
+      }
+      return len;
+    }
+    if (line.empty()) {
+      if (ctx->response.status >= 200 && !ctx->headers_done) {
+        ctx->headers_done = true;
+        if (!ctx->handler->OnHeaders(ctx->response)) return 0;
+      }
+      return len;
+    }
+    size_t colon = line.find(':');
+    if (colon == absl::string_view::npos) return len;
+    std::string name = absl::AsciiStrToLower(line.substr(0, colon));
+    absl::string_view value = absl::StripAsciiWhitespace(line.substr(colon + 1));
+    if (name == "content-type") {
+      ctx->response.content_type = absl::AsciiStrToLower(value);
+    } else if (name == "content-length") {
+      uint64_t v = 0;
+      if (absl::SimpleAtoi(value, &v)) ctx->response.content_length = v;
+    } else if (name == "retry-after") {
+      ctx->response.retry_after = ParseRetryAfterHeader(value);
+    }
+    return len;
+  }
+
+  static size_t WriteCallback(char* data, size_t size, size_t n, void* user) {
+    auto* ctx = static_cast<Context*>(user);
+    const size_t len = size * n;
+    if (!ctx->headers_done) {  // e.g. HTTP/0.9 or a missing blank line
+      ctx->headers_done = true;
+      if (!ctx->handler->OnHeaders(ctx->response)) return 0;
+    }
+    bool ok = ctx->handler->OnBody(absl::string_view(data, len));
+    ctx->last_activity = absl::Now();  // after OnBody: time blocked there is not silence
+    return ok ? len : 0;
+  }
+
+  CURLM* multi_ = nullptr;
+  CURL* easy_ = nullptr;
+  std::atomic<bool> fresh_connect_{false};
+};
+
+Refusal ClassifyRefusal(int http_status, absl::string_view body,
+                        std::optional<absl::Duration> retry_after_header,
+                        std::optional<int64_t> sse_retry_ms) {
+  Refusal r;
+  r.http_status = http_status;
+  std::string provider_message;
+  std::optional<absl::Duration> body_retry_after;
+  bool nested = false;
+  // Best effort: a refusal body that is not JSON still maps by its status.
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (!body.empty() && body.size() <= kMaxErrorBody &&
+      parser.parse(body.data(), body.size(), true).get(doc) == simdjson::SUCCESS) {
+    simdjson::dom::element error;
+    if (doc["error"].get(error) == simdjson::SUCCESS) {
+      std::string_view s;
+      if (error.get_string().get(s) == simdjson::SUCCESS) {
+        r.code = std::string(s);
+      } else if (error.is_object()) {
+        nested = true;
+        if (error["code"].get_string().get(s) == simdjson::SUCCESS) r.code = std::string(s);
+        if (error["message"].get_string().get(s) == simdjson::SUCCESS) provider_message = std::string(s);
+        std::string funding = "{";
+        for (const char* key : {"next_action", "challenges", "credit"}) {
+          simdjson::dom::element v;
+          if (error[key].get(v) == simdjson::SUCCESS) {
+            absl::StrAppend(&funding, funding.size() > 1 ? "," : "", "\"", key,
+                            "\":", simdjson::minify(v));
+          }
+        }
+        funding += "}";
+        r.funding_action_json = funding;
+      }
+    }
+    auto seconds_of = [](simdjson::dom::element v) -> std::optional<absl::Duration> {
+      double d = 0;
+      if (v.get_double().get(d) == simdjson::SUCCESS && d >= 0 && d < 1e9) {
+        return absl::Seconds(d);
+      }
+      std::string_view s;
+      int64_t n = 0;
+      if (v.get_string().get(s) == simdjson::SUCCESS &&
+          absl::SimpleAtoi(absl::string_view(s.data(), s.size()), &n) && n >= 0) {
+        return absl::Seconds(n);
+      }
+      return std::nullopt;
+    };
+    simdjson::dom::element v;
+    if (doc["retry_after"].get(v) == simdjson::SUCCESS) {
+      body_retry_after = seconds_of(v);
+    } else if (doc["details"]["retry_after"].get(v) == simdjson::SUCCESS) {
+      body_retry_after = seconds_of(v);
+    }
+    std::string_view m;
+    if (provider_message.empty() &&
+        doc["details"]["message"].get_string().get(m) == simdjson::SUCCESS) {
+      provider_message = std::string(m);
+    }
+  }
+  r.retry_after = body_retry_after ? body_retry_after : retry_after_header;
+  if (!r.retry_after && sse_retry_ms) r.retry_after = absl::Milliseconds(*sse_retry_ms);
+
+  const std::string& c = r.code;
+  if (nested || http_status == 402 || c == "payment_required" || c == "insufficient_credit") {
+    r.kind = RefusalKind::kFundingRequired;
+  } else if (c == "chain_unavailable" || c == "rate_limited" || http_status == 429) {
+    r.kind = RefusalKind::kRetryAfter;
+  } else if (c == "resync_required") {
+    r.kind = RefusalKind::kResyncRequired;
+  } else if (http_status == 401 || http_status == 403 || c == "unauthorized" ||
+             c == "forbidden") {
+    r.kind = RefusalKind::kAuthFailed;
+  } else if (http_status == 0) {
+    // An SSE control: known configuration errors halt, anything else is retried.
+    r.kind = (c == "cursor_mismatch" || c == "invalid_request") ? RefusalKind::kConfigInvalid
+                                                                 : RefusalKind::kTransient;
+  } else if (http_status >= 500 || http_status == 408) {
+    r.kind = RefusalKind::kTransient;
+  } else {
+    // 400, 409 cursor_mismatch (or another 409: not transient), other 4xx and 3xx.
+    r.kind = RefusalKind::kConfigInvalid;
+  }
+  if (provider_message.size() > kMaxMessage) provider_message.resize(kMaxMessage);
+  r.message = absl::StrCat(http_status == 0 ? std::string("SSE error control")
+                                            : absl::StrCat("HTTP ", http_status),
+                           r.code.empty() ? "" : " ", r.code,
+                           provider_message.empty() ? "" : ": ", provider_message);
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------
+
+HttpProvider::HttpProvider(HttpProviderOptions options)
+    : options_(std::move(options)),
+      base_(absl::StripSuffix(options_.base_url, "/")),
+      session_(std::make_unique<CurlSession>()) {}
+
+absl::StatusOr<std::unique_ptr<HttpProvider>> HttpProvider::Create(HttpProviderOptions options) {
+  if (!absl::StartsWith(options.base_url, "http://") &&
+      !absl::StartsWith(options.base_url, "https://")) {
+    return absl::InvalidArgumentError("provider url must start with http:// or https://");
+  }
+  if (options.chain.empty() || options.source.empty() || options.filter.empty()) {
+    return absl::InvalidArgumentError("chain, source and filter are required");
+  }
+  if (options.page_limit == 0 || options.page_limit > 1000) {
+    return absl::InvalidArgumentError("page_limit must be 1..1000");
+  }
+  if (options.transport != handoff::v1::TRANSPORT_POLL &&
+      options.transport != handoff::v1::TRANSPORT_SSE) {
+    return absl::InvalidArgumentError("transport must be POLL or SSE");
+  }
+  if (options.api_key.find_first_of("\r\n") != std::string::npos) {
+    return absl::InvalidArgumentError("api key contains a line break");
+  }
+  if (options.max_page_bytes < 1024) return absl::InvalidArgumentError("max_page_bytes < 1024");
+  options.sse_buffered_pages = std::max<size_t>(1, options.sse_buffered_pages);
+  std::unique_ptr<HttpProvider> p(new HttpProvider(std::move(options)));
+  if (!p->session_->ok()) return absl::InternalError("libcurl initialisation failed");
+  return p;
+}
+
+HttpProvider::~HttpProvider() {
+  cancelled_.store(true);
+  absl::MutexLock lock(&lifecycle_mu_);
+  StopReader();
+}
+
+std::string HttpProvider::Url(absl::string_view path, const std::string& from) const {
+  std::string url = absl::StrCat(base_, path, "?chain=", UrlEscape(options_.chain),
+                                 "&source=", UrlEscape(options_.source),
+                                 "&filter=", UrlEscape(options_.filter),
+                                 "&from=", UrlEscape(from));
+  if (options_.page_limit != 0) absl::StrAppend(&url, "&limit=", options_.page_limit);
+  return url;
+}
+
+Refusal HttpProvider::Scrub(Refusal r) const {
+  if (!options_.api_key.empty()) {
+    for (std::string* s : {&r.message, &r.code, &r.funding_action_json}) {
+      absl::StrReplaceAll({{options_.api_key, "[redacted]"}}, s);
+    }
+  }
+  return r;
+}
+
+FetchResult HttpProvider::Transient(std::string code, std::string message) {
+  Refusal r;
+  r.kind = RefusalKind::kTransient;
+  r.code = std::move(code);
+  r.message = std::move(message);
+  return FetchResult::Refused(std::move(r));
+}
+
+FetchResult HttpProvider::Cancelled() {
+  Refusal r;
+  r.kind = RefusalKind::kCancelled;
+  r.code = "cancelled";
+  r.message = "provider cancelled";
+  return FetchResult::Refused(std::move(r));
+}
+
+FetchResult HttpProvider::Fetch(const std::string& committed_cursor) {
+  if (cancelled_.load()) return Cancelled();
+  if (committed_cursor.empty()) {
+    Refusal r;
+    r.kind = RefusalKind::kConfigInvalid;
+    r.code = "empty_cursor";
+    r.message = "Fetch needs a cursor, a decimal block or \"latest\"";
+    return FetchResult::Refused(std::move(r));
+  }
+  return options_.transport == handoff::v1::TRANSPORT_SSE ? FetchStream(committed_cursor)
+                                                           : FetchPoll(committed_cursor);
+}
+
+void HttpProvider::Cancel() {
+  cancelled_.store(true);
+  { absl::MutexLock lock(&mu_); }  // re-evaluates the conditions of waiting threads
+  session_->Wakeup();
+}
+
+void HttpProvider::Close() {
+  close_generation_.fetch_add(1);
+  session_->DropConnections();
+  session_->Wakeup();
+  absl::MutexLock lock(&lifecycle_mu_);
+  StopReader();
+}
+
+// ----- polling -------------------------------------------------------------------------
+
+namespace {
+
+// Collects a polled body: a 200 body up to max_page_bytes, an error body up to 64 KiB.
+class BodyHandler : public CurlSession::Handler {
+ public:
+  BodyHandler(std::string* body, size_t max_page_bytes, size_t padding)
+      : body_(body), max_(max_page_bytes), padding_(padding) {
+    body_->clear();
+  }
+  bool OnHeaders(const CurlSession::Response& response) override {
+    response_ = response;
+    limit_ = response.status == 200 ? max_ : kMaxErrorBody;
+    if (response.content_length && *response.content_length > limit_) {
+      too_large_ = response.status == 200;
+      return !too_large_;  // an oversized error body is just cut
+    }
+    if (response.content_length) body_->reserve(*response.content_length + padding_);
+    return true;
+  }
+  bool OnBody(absl::string_view chunk) override {
+    if (body_->size() + chunk.size() > limit_) {
+      if (response_.status == 200) {
+        too_large_ = true;
+        return false;
+      }
+      chunk = chunk.substr(0, limit_ - body_->size());
+    }
+    body_->append(chunk.data(), chunk.size());
+    return true;
+  }
+  const CurlSession::Response& response() const { return response_; }
+  bool too_large() const { return too_large_; }
+
+ private:
+  std::string* body_;
+  const size_t max_;
+  const size_t padding_;
+  size_t limit_ = kMaxErrorBody;
+  CurlSession::Response response_;
+  bool too_large_ = false;
+};
+
+FetchResult TooLarge(size_t max) {
+  Refusal r;
+  r.kind = RefusalKind::kMalformedPage;
+  r.http_status = 200;
+  r.code = "page_too_large";
+  r.message = absl::StrCat("page larger than max_page_bytes (", max,
+                           "); lower page_limit or raise the limit");
+  return FetchResult::Refused(std::move(r));
+}
+
+}  // namespace
+
+FetchResult HttpProvider::FetchPoll(const std::string& cursor) {
+  CurlSession::Request req;
+  req.url = Url("/v1/pages", cursor);
+  req.headers.push_back("Accept: application/json");
+  if (!options_.api_key.empty()) req.headers.push_back("Authorization: Bearer " + options_.api_key);
+  req.user_agent = options_.user_agent;
+  req.connect_timeout = options_.connect_timeout;
+  req.header_timeout = options_.read_timeout;
+  req.body_idle_timeout = options_.read_timeout;
+  BodyHandler handler(&body_, options_.max_page_bytes, PageParser::Padding());
+  const uint64_t generation = close_generation_.load();
+  CurlSession::Result result = session_->Run(req, &handler, [this, generation] {
+    return cancelled_.load() || close_generation_.load() != generation;
+  });
+  if (cancelled_.load()) return Cancelled();
+  if (result.interrupted) return Transient("closed", "connection closed by Close()");
+  if (handler.too_large()) return TooLarge(options_.max_page_bytes);
+  if (result.idle_timeout) {
+    return Transient("timeout", absl::StrCat("no data from the provider for ",
+                                             absl::FormatDuration(options_.read_timeout)));
+  }
+  if (result.code != CURLE_OK) {
+    if (result.code == CURLE_URL_MALFORMAT || result.code == CURLE_UNSUPPORTED_PROTOCOL) {
+      Refusal r;
+      r.kind = RefusalKind::kConfigInvalid;
+      r.code = "bad_url";
+      r.message = Scrub(Refusal{RefusalKind::kConfigInvalid, 0, "", result.error}).message;
+      return FetchResult::Refused(std::move(r));
+    }
+    // Resets, timeouts, truncated bodies (CURLE_PARTIAL_FILE): the partial body is dropped.
+    return FetchResult::Refused(Scrub(Refusal{RefusalKind::kTransient, handler.response().status,
+                                              "network", absl::StrCat("transfer failed: ", result.error)}));
+  }
+  const int status = handler.response().status;
+  if (status != 200) {
+    return FetchResult::Refused(
+        Scrub(ClassifyRefusal(status, body_, handler.response().retry_after, std::nullopt)));
+  }
+  absl::StatusOr<Page> page = poll_parser_.ParseOwned(&body_);
+  if (!page.ok()) {
+    Refusal r;
+    r.kind = RefusalKind::kMalformedPage;
+    r.http_status = 200;
+    r.code = "malformed_page";
+    r.message = std::string(page.status().message());
+    return FetchResult::Refused(Scrub(std::move(r)));
+  }
+  return FetchResult::Of(*std::move(page));
+}
+
+// ----- SSE -----------------------------------------------------------------------------
+
+FetchResult HttpProvider::FetchStream(const std::string& cursor) {
+  {
+    absl::MutexLock lifecycle(&lifecycle_mu_);
+    bool reuse;
+    {
+      absl::MutexLock lock(&mu_);
+      reuse = stream_usable_ && position_ == cursor;
+    }
+    if (!reuse) {
+      StopReader();
+      StartReader(cursor);
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  const uint64_t id = stream_id_;
+  struct Args {
+    HttpProvider* self;
+    uint64_t id;
+  } args{this, id};
+  mu_.Await(absl::Condition(
+      +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return !a->self->queue_.empty() || a->self->cancelled_.load() ||
+               a->self->stream_id_ != a->id;
+      },
+      &args));
+  if (cancelled_.load()) return Cancelled();
+  if (stream_id_ != id || queue_.empty()) return Transient("closed", "connection closed by Close()");
+  StreamItem item = std::move(queue_.front());
+  queue_.pop_front();
+  if (item.page) {
+    position_ = item.page->next;
+    return FetchResult::Of(*std::move(item.page));
+  }
+  stream_usable_ = false;  // the reader has ended; the next Fetch reconnects
+  return FetchResult::Refused(std::move(*item.refusal));
+}
+
+void HttpProvider::StopReader() {
+  if (reader_.joinable()) {
+    stop_reader_.store(true);
+    { absl::MutexLock lock(&mu_); }  // wakes a reader waiting for queue room
+    session_->Wakeup();
+    reader_.join();
+    stop_reader_.store(false);
+  }
+  absl::MutexLock lock(&mu_);
+  queue_.clear();
+  stream_usable_ = false;
+  ++stream_id_;
+}
+
+void HttpProvider::StartReader(const std::string& cursor) {
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    position_ = cursor;
+    stream_usable_ = true;
+    queue_.clear();
+    id = ++stream_id_;
+  }
+  reader_ = std::thread([this, cursor, id] { ReaderMain(cursor, id); });
+}
+
+bool HttpProvider::PushPage(Page page, uint64_t stream_id) {
+  absl::MutexLock lock(&mu_);
+  struct Args {
+    HttpProvider* self;
+  } args{this};
+  mu_.Await(absl::Condition(
+      +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return a->self->queue_.size() < a->self->options_.sse_buffered_pages ||
+               a->self->stop_reader_.load() || a->self->cancelled_.load();
+      },
+      &args));
+  if (stop_reader_.load() || cancelled_.load() || stream_id_ != stream_id) return false;
+  StreamItem item;
+  item.page = std::move(page);
+  queue_.push_back(std::move(item));
+  return true;
+}
+
+void HttpProvider::PushTerminal(Refusal refusal, uint64_t stream_id) {
+  absl::MutexLock lock(&mu_);
+  if (stream_id_ != stream_id) return;
+  StreamItem item;
+  item.refusal = Scrub(std::move(refusal));
+  queue_.push_back(std::move(item));  // may exceed the bound by this one item
+}
+
+namespace {
+
+// Parses the event stream of one connection (runs on the reader thread).
+class StreamHandler : public CurlSession::Handler {
+ public:
+  using PagePush = std::function<bool(Page)>;
+  StreamHandler(size_t max_page_bytes, PagePush push)
+      : max_page_bytes_(max_page_bytes), sse_(max_page_bytes + 4096), push_(std::move(push)) {}
+
+  bool OnHeaders(const CurlSession::Response& response) override {
+    response_ = response;
+    streaming_ = response.status == 200 &&
+                 absl::StartsWith(response.content_type, "text/event-stream");
+    if (response.status == 200 && !streaming_) {
+      terminal_ = Refusal{RefusalKind::kMalformedPage, 200, "not_event_stream",
+                          absl::StrCat("expected text/event-stream, got '",
+                                       response.content_type.substr(0, 80), "'")};
+      return false;
+    }
+    return true;
+  }
+
+  bool OnBody(absl::string_view chunk) override {
+    if (!streaming_) {  // a refusal body
+      size_t room = kMaxErrorBody - std::min(kMaxErrorBody, error_body_.size());
+      error_body_.append(chunk.data(), std::min(room, chunk.size()));
+      return true;
+    }
+    bool keep_going = true;
+    absl::Status s = sse_.Feed(chunk, [&](SseFrame&& frame) {
+      if (!keep_going) return;
+      keep_going = OnFrame(std::move(frame));
+    });
+    if (!s.ok()) {
+      terminal_ = Refusal{RefusalKind::kMalformedPage, 200, "page_too_large",
+                          absl::StrCat("SSE frame larger than max_page_bytes (",
+                                       max_page_bytes_, "); lower page_limit or raise the limit")};
+      return false;
+    }
+    return keep_going;
+  }
+
+  const CurlSession::Response& response() const { return response_; }
+  bool streaming() const { return streaming_; }
+  const std::string& error_body() const { return error_body_; }
+  std::optional<Refusal>& terminal() { return terminal_; }
+  bool partial_frame() const { return sse_.HasPartialFrame(); }
+  bool stopped() const { return stopped_; }
+
+ private:
+  bool OnFrame(SseFrame frame) {
+    if (frame.event == "error") {
+      terminal_ = ClassifyRefusal(0, frame.data, std::nullopt, frame.retry_ms);
+      return false;  // the provider closes after a control; so do we
+    }
+    if (!frame.event.empty() && frame.event != "message") return true;  // unknown: ignored
+    if (!frame.has_data) return true;
+    absl::StatusOr<Page> page = parser_.ParseOwned(&frame.data);
+    if (!page.ok()) {
+      terminal_ = Refusal{RefusalKind::kMalformedPage, 200, "malformed_page",
+                          std::string(page.status().message())};
+      return false;
+    }
+    if (!push_(*std::move(page))) {
+      stopped_ = true;
+      return false;
+    }
+    return true;
+  }
+
+  const size_t max_page_bytes_;
+  SseParser sse_;
+  PageParser parser_;
+  PagePush push_;
+  CurlSession::Response response_;
+  bool streaming_ = false;
+  bool stopped_ = false;
+  std::string error_body_;
+  std::optional<Refusal> terminal_;
+};
+
+}  // namespace
+
+void HttpProvider::ReaderMain(std::string cursor, uint64_t stream_id) {
+  CurlSession::Request req;
+  const bool latest = cursor == "latest";
+  req.url = Url("/v1/stream", cursor);
+  req.headers.push_back("Accept: text/event-stream");
+  req.headers.push_back("Cache-Control: no-cache");
+  if (!latest) req.headers.push_back("Last-Event-ID: " + cursor);
+  if (!options_.api_key.empty()) req.headers.push_back("Authorization: Bearer " + options_.api_key);
+  req.user_agent = options_.user_agent;
+  req.connect_timeout = options_.connect_timeout;
+  req.header_timeout = options_.read_timeout;
+  req.body_idle_timeout = options_.sse_silence_timeout;
+  StreamHandler handler(options_.max_page_bytes,
+                        [this, stream_id](Page page) { return PushPage(std::move(page), stream_id); });
+  CurlSession::Result result = session_->Run(req, &handler, [this] {
+    return stop_reader_.load() || cancelled_.load();
+  });
+  if (stop_reader_.load() || handler.stopped()) return;  // Close / reconnect: nobody waits
+  if (cancelled_.load()) {
+    PushTerminal(Cancelled().refusal.value(), stream_id);
+    return;
+  }
+  if (handler.terminal()) {
+    PushTerminal(std::move(*handler.terminal()), stream_id);
+    return;
+  }
+  if (result.idle_timeout) {
+    PushTerminal(Refusal{RefusalKind::kTransient, 0, result.headers_done ? "sse_silence" : "timeout",
+                         result.headers_done
+                             ? absl::StrCat("no SSE frame for ",
+                                            absl::FormatDuration(options_.sse_silence_timeout),
+                                            "; reconnecting from the committed cursor")
+                             : "no response from the provider"},
+                 stream_id);
+    return;
+  }
+  if (handler.response().status != 200 && handler.response().status != 0 &&
+      (result.code == CURLE_OK || !handler.error_body().empty())) {
+    PushTerminal(ClassifyRefusal(handler.response().status, handler.error_body(),
+                                 handler.response().retry_after, std::nullopt),
+                 stream_id);
+    return;
+  }
+  std::string why = result.code == CURLE_OK ? "the provider ended the stream"
+                                            : absl::StrCat("transfer failed: ", result.error);
+  if (handler.partial_frame()) absl::StrAppend(&why, "; an incomplete frame was discarded");
+  PushTerminal(Refusal{RefusalKind::kTransient, handler.response().status,
+                       result.code == CURLE_OK ? "stream_closed" : "network", why},
+               stream_id);
+}
+
+}  // namespace handoff::consumer

@@ -1,0 +1,141 @@
+// HttpProvider: the consumer::Provider that speaks provider-contract.md over libcurl.
+//
+// Polling (TRANSPORT_POLL): every Fetch(c) is one GET {base}/v1/pages?...&from=c on a
+// kept libcurl handle (so the connection is reused), parsed on the calling thread.
+// SSE (TRANSPORT_SSE): a reader thread holds GET {base}/v1/stream open, parses frames
+// and pages as they arrive, and buffers at most `sse_buffered_pages` pages ahead (then
+// stops reading the socket), so fetching and parsing overlap the engine's commit.
+//
+// Invariants:
+//  - A page is only returned whole: a truncated body, an incomplete frame or a dropped
+//    stream is discarded and reported as a kTransient refusal.
+//  - The stream is only trusted while it continues from the committed cursor: Fetch(c)
+//    with c different from the `next` of the last page it returned (or the cursor the
+//    stream was opened from) drops the connection and reconnects from c. After any
+//    refusal the next Fetch reconnects. "latest" is sent as from=latest without a
+//    Last-Event-ID header; any other cursor as both from= and Last-Event-ID.
+//  - The API key only ever goes into the Authorization header: it is never logged and
+//    is scrubbed from every Refusal.
+//  - A body or frame larger than max_page_bytes is refused as kMalformedPage (code
+//    "page_too_large": the same cursor would get the same page, so this must not be
+//    retried forever like a transient failure) and its transfer is aborted at once
+//    (a Content-Length above the limit aborts before any body byte is read).
+//  - Refusal mapping (the contract's table): 503 chain_unavailable and 429 => kRetryAfter
+//    (retry_after from the body, or the Retry-After header); other 5xx, 408, timeouts,
+//    resets, truncation, SSE silence => kTransient; 409 resync_required =>
+//    kResyncRequired; 409 cursor_mismatch, 400 and other 4xx => kConfigInvalid; 401/403
+//    => kAuthFailed; 402 => kFundingRequired with funding_action_json = {"next_action",
+//    "challenges","credit"}. SSE `event: error` controls map by their code likewise.
+//
+// Thread-compatible per the Provider contract: one thread calls Fetch; Cancel and Close
+// may be called from any thread and unblock it promptly (curl_multi_wakeup and a
+// condition; a waiting Fetch or reader sleeps in poll()/a condition, using no CPU).
+#ifndef HANDOFF_CONSUMER_PROVIDER_HTTP_PROVIDER_H_
+#define HANDOFF_CONSUMER_PROVIDER_HTTP_PROVIDER_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "consumer/provider.h"
+#include "consumer/provider/page_parser.h"
+#include "handoff/v1/source.pb.h"
+
+namespace handoff::consumer {
+
+struct HttpProviderOptions {
+  std::string base_url;  // "http://127.0.0.1:8545" (a trailing '/' is ignored)
+  std::string chain;
+  std::string source;
+  std::string filter;
+  uint32_t page_limit = 1000;  // 1..1000
+  handoff::v1::Transport transport = handoff::v1::TRANSPORT_POLL;
+  // The resolved API key; empty: no Authorization header.
+  std::string api_key;
+  absl::Duration connect_timeout = absl::Seconds(10);
+  // Longest quiet time while waiting for a response (and, polling, between body bytes).
+  absl::Duration read_timeout = absl::Seconds(30);
+  size_t max_page_bytes = 64u << 20;
+  // An open stream that writes nothing for this long is dropped (kTransient).
+  absl::Duration sse_silence_timeout = absl::Seconds(60);
+  // Pages the SSE reader may hold ahead of Fetch (at least 1).
+  size_t sse_buffered_pages = 2;
+  std::string user_agent = "handoff/1";
+};
+
+// Maps a refused HTTP response (status != 200) or, with http_status 0, an SSE
+// `event: error` control's data to a Refusal. Exposed for tests.
+Refusal ClassifyRefusal(int http_status, absl::string_view body,
+                        std::optional<absl::Duration> retry_after_header,
+                        std::optional<int64_t> sse_retry_ms);
+
+class CurlSession;
+
+class HttpProvider : public Provider {
+ public:
+  // Validates the options (kInvalidArgument) and sets up libcurl.
+  static absl::StatusOr<std::unique_ptr<HttpProvider>> Create(HttpProviderOptions options);
+  ~HttpProvider() override;
+
+  FetchResult Fetch(const std::string& committed_cursor) override;
+  void Cancel() override;
+  void Close() override;
+
+ private:
+  struct StreamItem {
+    std::optional<Page> page;
+    std::optional<Refusal> refusal;
+  };
+
+  explicit HttpProvider(HttpProviderOptions options);
+
+  std::string Url(absl::string_view path, const std::string& from) const;
+  FetchResult FetchPoll(const std::string& cursor);
+  FetchResult FetchStream(const std::string& cursor);
+  void ReaderMain(std::string cursor, uint64_t stream_id);
+  // Pushes a page, waiting for room. False when the reader must stop.
+  bool PushPage(Page page, uint64_t stream_id) ABSL_LOCKS_EXCLUDED(mu_);
+  void PushTerminal(Refusal refusal, uint64_t stream_id) ABSL_LOCKS_EXCLUDED(mu_);
+  void StopReader() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lifecycle_mu_);
+  void StartReader(const std::string& cursor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(lifecycle_mu_);
+  Refusal Scrub(Refusal r) const;
+  static FetchResult Transient(std::string code, std::string message);
+  static FetchResult Cancelled();
+
+  // Constant after construction.
+  const HttpProviderOptions options_;
+  const std::string base_;  // base_url without a trailing '/'
+  std::unique_ptr<CurlSession> session_;
+
+  std::atomic<bool> cancelled_{false};
+  std::atomic<uint64_t> close_generation_{0};
+  std::atomic<bool> stop_reader_{false};
+
+  // Used only by the thread that calls Fetch (polling).
+  PageParser poll_parser_;
+  std::string body_;
+
+  // Serialises starting and stopping the SSE reader (Fetch vs Close).
+  absl::Mutex lifecycle_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::thread reader_ ABSL_GUARDED_BY(lifecycle_mu_);
+
+  mutable absl::Mutex mu_;
+  std::deque<StreamItem> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t stream_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stream_usable_ ABSL_GUARDED_BY(mu_) = false;
+  // The cursor the stream continues from: the `next` of the last page handed out.
+  std::string position_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace handoff::consumer
+
+#endif  // HANDOFF_CONSUMER_PROVIDER_HTTP_PROVIDER_H_

@@ -38,8 +38,7 @@ absl::StatusOr<SinkRecord> Decode(const rocksdb::Slice& value) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<RecordStore>> RecordStore::Open(const std::string& path,
-                                                               bool sync) {
+absl::StatusOr<std::unique_ptr<RecordStore>> RecordStore::Open(const std::string& path, bool sync) {
   rocksdb::Options options;
   options.create_if_missing = true;
   rocksdb::DB* raw = nullptr;

@@ -39,8 +39,7 @@ struct SinkRecord {
 class RecordStore {
  public:
   // Opens (creating if missing) the table at `path`. `sync`: fsync every Write.
-  static absl::StatusOr<std::unique_ptr<RecordStore>> Open(const std::string& path,
-                                                           bool sync);
+  static absl::StatusOr<std::unique_ptr<RecordStore>> Open(const std::string& path, bool sync);
 
   RecordStore(const RecordStore&) = delete;
   RecordStore& operator=(const RecordStore&) = delete;

@@ -11,10 +11,10 @@
 namespace handoff::sim {
 namespace {
 
-using handoff::v1::ApplyRequest;
-using handoff::v1::ApplyResponse;
 using handoff::sim::v1::EventPredicate;
 using handoff::sim::v1::FaultConfig;
+using handoff::v1::ApplyRequest;
+using handoff::v1::ApplyResponse;
 
 bool Matches(const EventPredicate& p, const ApplyRequest& request) {
   if (p.log_index_modulo() > 0 && request.event().log_index() % p.log_index_modulo() == 0) {
@@ -229,14 +229,13 @@ bool SinkCore::WaitForCalls(uint64_t n, absl::Duration timeout) const {
     uint64_t n;
   } arg{this, n};
   absl::MutexLock lock(&mu_);
-  return mu_.AwaitWithTimeout(
-      absl::Condition(
-          +[](Arg* a) {
-            a->core->mu_.AssertReaderHeld();
-            return a->core->stats_.calls() >= a->n;
-          },
-          &arg),
-      timeout);
+  return mu_.AwaitWithTimeout(absl::Condition(
+                                  +[](Arg* a) {
+                                    a->core->mu_.AssertReaderHeld();
+                                    return a->core->stats_.calls() >= a->n;
+                                  },
+                                  &arg),
+                              timeout);
 }
 
 void SinkCore::Shutdown() {

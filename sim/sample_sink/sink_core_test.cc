@@ -65,8 +65,7 @@ TEST(SinkCoreTest, FirstApplyRecordsThenReplaysAreAlreadyApplied) {
   ASSERT_TRUE(records.ok());
   ASSERT_EQ(records->size(), 1u);
   EXPECT_EQ(records->at(r.idempotency_key()).attempts, 3u);
-  EXPECT_EQ(records->at(r.idempotency_key()).request.finality(),
-            handoff::v1::FINALITY_FINALIZED);
+  EXPECT_EQ(records->at(r.idempotency_key()).request.finality(), handoff::v1::FINALITY_FINALIZED);
   v1::Stats stats = core->stats();
   EXPECT_EQ(stats.applied(), 1u);
   EXPECT_EQ(stats.already_applied(), 2u);
@@ -89,13 +88,13 @@ TEST(SinkCoreTest, BatchAnswersInOrderAndDedupesWithinTheBatch) {
 
 TEST(SinkCoreTest, PredicatesAnswerWithoutRecording) {
   v1::FaultConfig faults;
-  faults.mutable_reject()->set_log_index_modulo(3);        // log 0, 3
-  faults.mutable_review()->add_blocks(7);                  // block 7
+  faults.mutable_reject()->set_log_index_modulo(3);  // log 0, 3
+  faults.mutable_review()->add_blocks(7);            // block 7
   faults.mutable_ignore()->add_idempotency_keys(Request(8, 1).idempotency_key());
   auto core = OpenCore("predicates", faults);
-  auto out = ApplyAll(core.get(),
-                      {Request(5, 0), Request(5, 1), Request(7, 2), Request(8, 1), Request(9, 3)},
-                      true);
+  auto out =
+      ApplyAll(core.get(),
+               {Request(5, 0), Request(5, 1), Request(7, 2), Request(8, 1), Request(9, 3)}, true);
   ASSERT_TRUE(out.ok());
   ASSERT_EQ(out->size(), 5u);
   EXPECT_EQ((*out)[0].outcome(), handoff::v1::APPLY_OUTCOME_REJECTED);

@@ -245,15 +245,24 @@ void Server::Shutdown() {
     shut_down_ = true;
   }
   const absl::Time start = absl::Now();
-  if (health_ != nullptr) health_->Stop();                         // 1
+  auto step = [&](absl::string_view name) {
+    logger_->Debug("shutdown step done",
+                   {{"step", name},
+                    {"elapsed_ms", absl::StrCat(absl::ToInt64Milliseconds(absl::Now() - start))}});
+  };
+  if (health_ != nullptr) health_->Stop();  // 1
+  step("health not serving");
   if (admin_service_ != nullptr) admin_service_->BeginShutdown();  // 2
   if (grpc_server_ != nullptr) {                                   // 3
     grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.shutdown_grace / 4));
     grpc_server_->Wait();
   }
-  metrics_.reset();                                                // 4
-  if (manager_ != nullptr) manager_->Shutdown();                   // 5
-  manager_.reset();                                                // 6
+  step("grpc stopped");
+  metrics_.reset();  // 4
+  step("metrics stopped");
+  if (manager_ != nullptr) manager_->Shutdown();  // 5
+  manager_.reset();                               // 6
+  step("workers stopped");
   if (store_ != nullptr) {
     const absl::Status flushed = store_->Flush();
     if (!flushed.ok()) {
@@ -261,6 +270,7 @@ void Server::Shutdown() {
     }
     store_.reset();
   }
+  step("store closed");
   logger_->Info("stopped",
                 {{"shutdown_ms", absl::StrCat(absl::ToInt64Milliseconds(absl::Now() - start))}});
 }

@@ -10,9 +10,12 @@
 ABSL_FLAG(std::string, listen, "127.0.0.1:7443",
           "gRPC listen address host:port (port 0: any free port). Loopback by default; "
           "use 0.0.0.0:7443 in a container.");
+ABSL_FLAG(std::string, health_listen, "",
+          "Plaintext host:port serving only grpc.health.v1, for Kubernetes gRPC probes "
+          "(the kubelet cannot speak TLS); empty: none.");
 ABSL_FLAG(std::string, port_file, "",
-          "If set, write the bound gRPC port (and the metrics port on a second line) here "
-          "once serving.");
+          "If set, write `grpc <port>`, `metrics <port>`, `health <port>` lines here once "
+          "serving.");
 ABSL_FLAG(std::string, data_dir, "", "Data directory (required); the database is DATA_DIR/db.");
 ABSL_FLAG(std::string, metrics_listen, "",
           "Prometheus metrics address host:port (GET /metrics); empty disables metrics.");
@@ -39,6 +42,7 @@ namespace handoff::server {
 absl::StatusOr<ServerOptions> OptionsFromFlags() {
   ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.health_listen = absl::GetFlag(FLAGS_health_listen);
   options.port_file = absl::GetFlag(FLAGS_port_file);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);

@@ -3,7 +3,8 @@
 //
 //   --listen=127.0.0.1:7443     gRPC address (dev default: loopback; in Kubernetes pass
 //                               0.0.0.0:7443). Port 0 picks a free port.
-//   --port_file=PATH            write the bound gRPC port (and metrics port) here
+//   --health_listen=HOST:PORT   plaintext grpc.health.v1 only (Kubernetes probes)
+//   --port_file=PATH            write `grpc|metrics|health <port>` lines here
 //   --data_dir=PATH             required; RocksDB in PATH/db
 //   --metrics_listen=HOST:PORT  Prometheus /metrics; empty disables it
 //   --tls_cert, --tls_key       PEM server certificate chain and key (TLS on when set)

@@ -17,11 +17,11 @@ bool SourceServing(handoff::v1::SourceState state) {
   }
 }
 
-HealthReporter::HealthReporter(grpc::HealthCheckServiceInterface* health,
+HealthReporter::HealthReporter(std::vector<grpc::HealthCheckServiceInterface*> health,
                                consumer::SourceManager* manager,
                                std::function<absl::Status()> store_health, Logger* logger,
                                absl::Duration interval)
-    : health_(health),
+    : health_(std::move(health)),
       manager_(manager),
       store_health_(std::move(store_health)),
       logger_(logger),
@@ -37,7 +37,7 @@ void HealthReporter::Start() {
 void HealthReporter::Stop() {
   if (!stop_.HasBeenNotified()) stop_.Notify();
   if (ticker_.joinable()) ticker_.join();
-  health_->Shutdown();
+  for (auto* health : health_) health->Shutdown();
 }
 
 void HealthReporter::Run() {
@@ -59,16 +59,19 @@ void HealthReporter::Refresh() {
     }
     store_ok_ = store.ok();
   }
-  health_->SetServingStatus("", store.ok());
-  health_->SetServingStatus(kAdminServiceName, store.ok());
+  auto set = [this](const std::string& name, bool serving) {
+    for (auto* health : health_) health->SetServingStatus(name, serving);
+  };
+  set("", store.ok());
+  set(kAdminServiceName, store.ok());
 
   absl::flat_hash_set<std::string> seen;
   for (const handoff::v1::Progress& progress : all) {
-    health_->SetServingStatus(progress.source_id(), store.ok() && SourceServing(progress.state()));
+    set(progress.source_id(), store.ok() && SourceServing(progress.state()));
     seen.insert(progress.source_id());
   }
   for (const std::string& id : reported_) {
-    if (!seen.contains(id)) health_->SetServingStatus(id, false);  // deleted
+    if (!seen.contains(id)) set(id, false);  // deleted
   }
   reported_.insert(seen.begin(), seen.end());
 }

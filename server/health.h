@@ -24,6 +24,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
@@ -47,8 +48,10 @@ bool SourceServing(handoff::v1::SourceState state);
 
 class HealthReporter {
  public:
-  // None owned; all outlive the reporter.
-  HealthReporter(grpc::HealthCheckServiceInterface* health, consumer::SourceManager* manager,
+  // None owned; all outlive the reporter. Every status goes to each of `health` (the
+  // admin server's and the plaintext probe server's health services).
+  HealthReporter(std::vector<grpc::HealthCheckServiceInterface*> health,
+                 consumer::SourceManager* manager,
                  std::function<absl::Status()> store_health, Logger* logger,
                  absl::Duration interval);
   ~HealthReporter();
@@ -69,7 +72,7 @@ class HealthReporter {
   void Run();
 
   // Constant after construction.
-  grpc::HealthCheckServiceInterface* const health_;
+  const std::vector<grpc::HealthCheckServiceInterface*> health_;
   consumer::SourceManager* const manager_;
   const std::function<absl::Status()> store_health_;
   Logger* const logger_;

@@ -78,7 +78,7 @@ class HealthReporterTest : public ::testing::Test {
   testing::FakeSourceManager manager_;
   absl::Mutex mu_;
   absl::Status store_status_ ABSL_GUARDED_BY(mu_);
-  HealthReporter reporter_{&health_, &manager_, [this] { return StoreHealth(); }, &logger_,
+  HealthReporter reporter_{{&health_}, &manager_, [this] { return StoreHealth(); }, &logger_,
                            absl::Hours(1)};
 };
 

@@ -22,9 +22,13 @@ struct ServerOptions {
   // ---- gRPC ----
   // host:port of the admin API; port 0 picks a free port (see port_file).
   std::string listen = "127.0.0.1:7443";
-  // If set, the bound gRPC port is written here (one line), then the metrics port (a
-  // second line, when metrics are on), once the server accepts calls. Written
-  // atomically (temp file + rename).
+  // Plaintext host:port serving only grpc.health.v1, for Kubernetes' native gRPC
+  // probes (the kubelet cannot speak TLS); empty: none. Health is also served on
+  // `listen`.
+  std::string health_listen;
+  // If set, the bound ports are written here once the server accepts calls, one
+  // `name port` a line: `grpc <port>`, then `metrics <port>` and `health <port>` when
+  // those are on. Written atomically (temp file + rename).
   std::string port_file;
   int max_message_bytes = 4 << 20;
   int max_watchers = 256;

@@ -148,10 +148,16 @@ absl::Status Server::Build() {
 
   RETURN_IF_ERROR(StartGrpc());
 
+  RETURN_IF_ERROR(StartHealthServer());
+
   store::Store* store = store_.get();
   auto store_health = [store] { return store->health(); };
-  health_ = std::make_unique<HealthReporter>(grpc_server_->GetHealthCheckService(),
-                                             manager_.get(), store_health, logger_.get(),
+  std::vector<grpc::HealthCheckServiceInterface*> health_services = {
+      grpc_server_->GetHealthCheckService()};
+  if (health_server_ != nullptr) {
+    health_services.push_back(health_server_->GetHealthCheckService());
+  }
+  health_ = std::make_unique<HealthReporter>(std::move(health_services), manager_.get(), store_health, logger_.get(),
                                              options_.health_interval);
   health_->Start();
 
@@ -210,10 +216,28 @@ absl::Status Server::StartGrpc() {
   return absl::OkStatus();
 }
 
+absl::Status Server::StartHealthServer() {
+  if (options_.health_listen.empty()) return absl::OkStatus();
+  // Only the default health service (enabled in StartGrpc) is served here, in
+  // plaintext: what the kubelet's gRPC probe can reach.
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options_.health_listen, grpc::InsecureServerCredentials(),
+                           &health_port_);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  health_server_ = builder.BuildAndStart();
+  if (health_server_ == nullptr || health_port_ == 0 ||
+      health_server_->GetHealthCheckService() == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("health_listen: cannot serve on ", options_.health_listen));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Server::WritePortFile() const {
   if (options_.port_file.empty()) return absl::OkStatus();
-  std::string content = absl::StrCat(port_, "\n");
-  if (metrics_ != nullptr) absl::StrAppend(&content, metrics_->port(), "\n");
+  std::string content = absl::StrCat("grpc ", port_, "\n");
+  if (metrics_ != nullptr) absl::StrAppend(&content, "metrics ", metrics_->port(), "\n");
+  if (health_server_ != nullptr) absl::StrAppend(&content, "health ", health_port_, "\n");
   const std::string temp = options_.port_file + ".tmp";
   {
     std::ofstream out(temp, std::ios::binary | std::ios::trunc);
@@ -251,6 +275,10 @@ void Server::Shutdown() {
                     {"elapsed_ms", absl::StrCat(absl::ToInt64Milliseconds(absl::Now() - start))}});
   };
   if (health_ != nullptr) health_->Stop();  // 1
+  if (health_server_ != nullptr) {
+    health_server_->Shutdown(absl::ToChronoTime(absl::Now()));
+    health_server_->Wait();
+  }
   step("health not serving");
   if (admin_service_ != nullptr) admin_service_->BeginShutdown();  // 2
   if (grpc_server_ != nullptr) {                                   // 3

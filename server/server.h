@@ -12,7 +12,8 @@
 // and metrics, then write the port file. Any failure undoes what was built, in reverse.
 //
 // Shutdown (on SIGTERM/SIGINT, RequestShutdown, or destruction), in this order:
-//   1. health: every service NOT_SERVING and frozen, so readiness fails first;
+//   1. health: every service NOT_SERVING and frozen, so readiness fails first (the
+//      plaintext probe server stops right after);
 //   2. WatchProgress streams are told to end (within one recheck interval);
 //   3. gRPC Shutdown with a deadline of shutdown_grace/4: stop accepting; in-flight
 //      calls finish or are cancelled at the deadline;
@@ -75,6 +76,7 @@ class Server {
   explicit Server(ServerOptions options);
   absl::Status Build();
   absl::Status StartGrpc();
+  absl::Status StartHealthServer();
   absl::Status WritePortFile() const;
 
   const ServerOptions options_;
@@ -91,12 +93,14 @@ class Server {
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
-  std::unique_ptr<HealthReporter> health_;  // uses grpc_server_'s health service
+  std::unique_ptr<grpc::Server> health_server_;  // plaintext probes; may be null
+  std::unique_ptr<HealthReporter> health_;  // uses both servers' health services
   std::shared_ptr<ProgressCollector> progress_collector_;
   std::unique_ptr<MetricsEndpoint> metrics_;
   std::unique_ptr<SignalWatcher> signals_;
 
   int port_ = 0;
+  int health_port_ = 0;
   absl::Notification shutdown_requested_;
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;

@@ -54,14 +54,19 @@ TEST(ServerTest, ServesAdminHealthAndMetricsThenShutsDownAndReleasesTheStore) {
   ServerOptions options = TestOptions("serve");
   options.port_file = TempDir("serve.port");
   options.metrics_listen = "127.0.0.1:0";
+  options.health_listen = "127.0.0.1:0";
   auto server = Server::BuildAndStart(options);
   ASSERT_TRUE(server.ok()) << server.status();
   ASSERT_GT((*server)->port(), 0);
   ASSERT_GT((*server)->metrics_port(), 0);
 
   std::ifstream port_file(options.port_file);
-  int port = 0, metrics_port = 0;
-  port_file >> port >> metrics_port;
+  std::string grpc_key, metrics_key, health_key;
+  int port = 0, metrics_port = 0, health_port = 0;
+  port_file >> grpc_key >> port >> metrics_key >> metrics_port >> health_key >> health_port;
+  EXPECT_EQ(grpc_key, "grpc");
+  EXPECT_EQ(metrics_key, "metrics");
+  EXPECT_EQ(health_key, "health");
   EXPECT_EQ(port, (*server)->port());
   EXPECT_EQ(metrics_port, (*server)->metrics_port());
 
@@ -71,6 +76,12 @@ TEST(ServerTest, ServesAdminHealthAndMetricsThenShutsDownAndReleasesTheStore) {
   ASSERT_TRUE(HealthCheck(channel, "", &health).ok());
   EXPECT_EQ(health.status(), grpc::health::v1::HealthCheckResponse::SERVING);
   ASSERT_TRUE(HealthCheck(channel, "handoff.v1.ConsumerAdmin", &health).ok());
+  EXPECT_EQ(health.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+
+  // The plaintext probe port answers health too.
+  auto probe_channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", health_port),
+                                           grpc::InsecureChannelCredentials());
+  ASSERT_TRUE(HealthCheck(probe_channel, "", &health).ok());
   EXPECT_EQ(health.status(), grpc::health::v1::HealthCheckResponse::SERVING);
 
   auto stub = handoff::v1::ConsumerAdmin::NewStub(channel);

@@ -117,7 +117,8 @@ class Handoffd:
         self.log_file = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [binary, "--listen=127.0.0.1:0", "--port_file=" + self.port_file,
-             "--data_dir=" + data_dir, "--metrics_listen=127.0.0.1:0", "--log_level=debug",
+             "--data_dir=" + data_dir, "--metrics_listen=127.0.0.1:0", "--health_listen=127.0.0.1:0",
+             "--log_level=debug",
              "--shutdown_grace=10s"] + flags,
             stdout=self.log_file, stderr=subprocess.STDOUT)
 
@@ -128,8 +129,9 @@ class Handoffd:
             return os.path.exists(self.port_file)
 
         wait_until(name + " port file", ready, START_TIMEOUT_S)
-        ports = read(self.port_file).decode().split()
-        self.port, self.metrics_port = int(ports[0]), int(ports[1])
+        ports = dict(line.split() for line in read(self.port_file).decode().splitlines())
+        self.port, self.metrics_port = int(ports["grpc"]), int(ports["metrics"])
+        self.health_port = int(ports["health"])
         self.target = "127.0.0.1:%d" % self.port
 
     def log(self):
@@ -363,6 +365,8 @@ def phase_secure(binary, workdir, data_dir, certs):
         wrong = Client(channel, "e2e-wrong-token-0000000000")
 
         assert anonymous.health_status("") == health_pb2.HealthCheckResponse.SERVING
+        probe = Client(grpc.insecure_channel("127.0.0.1:%d" % server.health_port))
+        assert probe.health_status("") == health_pb2.HealthCheckResponse.SERVING
         check_reflection(anonymous)
         log("ok - health and reflection stay open without a token (TLS)")
 

@@ -515,8 +515,7 @@ FetchResult HttpProvider::FetchPoll(const std::string& cursor) {
       return FetchResult::Refused(std::move(r));
     }
     // Resets, timeouts, truncated bodies (CURLE_PARTIAL_FILE): the partial body is dropped.
-    return FetchResult::Refused(Scrub(Refusal{RefusalKind::kTransient, handler.response().status,
-                                              "network", absl::StrCat("transfer failed: ", result.error)}));
+    return FetchResult::Refused(Scrub(Refusal{RefusalKind::kTransient, 0, "network", absl::StrCat("transfer failed: ", result.error)}));
   }
   const int status = handler.response().status;
   if (status != 200) {
@@ -755,7 +754,7 @@ void HttpProvider::ReaderMain(std::string cursor, uint64_t stream_id) {
   std::string why = result.code == CURLE_OK ? "the provider ended the stream"
                                             : absl::StrCat("transfer failed: ", result.error);
   if (handler.partial_frame()) absl::StrAppend(&why, "; an incomplete frame was discarded");
-  PushTerminal(Refusal{RefusalKind::kTransient, handler.response().status,
+  PushTerminal(Refusal{RefusalKind::kTransient, 0,
                        result.code == CURLE_OK ? "stream_closed" : "network", why},
                stream_id);
 }

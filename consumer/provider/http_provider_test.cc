@@ -1,0 +1,406 @@
+// HttpProvider against the in-process ProviderSim over real loopback HTTP.
+#include "consumer/provider/http_provider.h"
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "sim/provider_sim.h"
+
+namespace handoff::consumer {
+namespace {
+
+using sim::Fault;
+
+constexpr char kToken[] = "s3cr3t-T0KEN-value";
+
+class HttpProviderTest : public ::testing::Test {
+ protected:
+  void SetUp() override { StartSim(sim::ProviderSimOptions()); }
+
+  void StartSim(sim::ProviderSimOptions o) {
+    if (sim_) sim_->Stop();
+    o.chain.seed = 5;
+    o.chain.initial_head = 200;
+    o.chain.logs_per_block = 5;
+    o.chain.finality_lag = 20;
+    o.bearer_token = kToken;
+    o.threads = 16;
+    if (o.heartbeat == absl::Seconds(30)) o.heartbeat = absl::Seconds(60);
+    o.fault_settings.retry_after_seconds = 7;
+    o.fault_settings.rate_limit_seconds = 3;
+    sim_ = std::make_unique<sim::ProviderSim>(o);
+    ASSERT_TRUE(sim_->Start(0).ok());
+  }
+
+  HttpProviderOptions Options(handoff::v1::Transport transport) {
+    HttpProviderOptions o;
+    o.base_url = sim_->base_url() + "/";
+    o.chain = "sim";
+    o.source = "erc20 transfers";  // needs escaping
+    o.filter = "all&more=1";
+    o.page_limit = 50;
+    o.transport = transport;
+    o.api_key = kToken;
+    o.read_timeout = absl::Seconds(20);
+    return o;
+  }
+
+  std::unique_ptr<HttpProvider> Make(HttpProviderOptions o) {
+    auto p = HttpProvider::Create(std::move(o));
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *std::move(p) : nullptr;
+  }
+
+  static Page ExpectPage(FetchResult r) {
+    EXPECT_TRUE(r.page.has_value()) << (r.refusal ? r.refusal->message : "");
+    return r.page ? *r.page : Page();
+  }
+
+  static void ExpectNoSecret(const FetchResult& r) {
+    if (r.refusal) {
+      EXPECT_FALSE(absl::StrContains(r.refusal->message, kToken)) << r.refusal->message;
+      EXPECT_FALSE(absl::StrContains(r.refusal->code, kToken));
+      EXPECT_FALSE(absl::StrContains(r.refusal->funding_action_json, kToken));
+    }
+  }
+
+  std::vector<sim::RequestRecord> StreamRequests() {
+    std::vector<sim::RequestRecord> out;
+    for (auto& r : sim_->Requests()) {
+      if (r.path == "/v1/stream") out.push_back(r);
+    }
+    return out;
+  }
+
+  std::unique_ptr<sim::ProviderSim> sim_;
+};
+
+TEST_F(HttpProviderTest, PollWalksTheChainAndMatchesCanonical) {
+  auto p = Make(Options(handoff::v1::TRANSPORT_POLL));
+  std::string cursor = "0";
+  std::vector<handoff::v1::EventRow> rows;
+  for (int i = 0; i < 100; ++i) {
+    Page page = ExpectPage(p->Fetch(cursor));
+    if (page.items.empty() && page.next == cursor) break;  // nothing new yet
+    EXPECT_FALSE(page.reorg);
+    rows.insert(rows.end(), page.items.begin(), page.items.end());
+    cursor = page.next;
+  }
+  auto canonical = sim_->chain().Canonical(0, 200);
+  ASSERT_EQ(rows.size(), canonical.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    ASSERT_EQ(rows[i].SerializeAsString(), canonical[i].SerializeAsString()) << i;
+  }
+  for (const auto& r : sim_->Requests()) {
+    EXPECT_TRUE(r.authorized);
+    EXPECT_FALSE(r.has_last_event_id);
+  }
+  // "latest" resolves to a real cursor at the head.
+  Page latest = ExpectPage(p->Fetch("latest"));
+  EXPECT_NE(latest.next, "latest");
+  EXPECT_TRUE(latest.items.empty());
+}
+
+struct RefusalCase {
+  Fault fault;
+  RefusalKind kind;
+  int status;
+  std::string code;
+  std::optional<absl::Duration> retry_after;
+};
+
+TEST_F(HttpProviderTest, PollRefusalsFollowTheContractTable) {
+  auto p = Make(Options(handoff::v1::TRANSPORT_POLL));
+  std::vector<RefusalCase> cases = {
+      {Fault::kChainUnavailable, RefusalKind::kRetryAfter, 503, "chain_unavailable", absl::Seconds(7)},
+      {Fault::kRateLimited, RefusalKind::kRetryAfter, 429, "rate_limited", absl::Seconds(3)},
+      {Fault::kServerError, RefusalKind::kTransient, 500, "internal", std::nullopt},
+      {Fault::kResyncRequired, RefusalKind::kResyncRequired, 409, "resync_required", std::nullopt},
+      {Fault::kPaymentRequired, RefusalKind::kFundingRequired, 402, "insufficient_credit", std::nullopt},
+      {Fault::kTruncatedBody, RefusalKind::kTransient, 0, "network", std::nullopt},
+      {Fault::kDropConnection, RefusalKind::kTransient, 0, "network", std::nullopt},
+  };
+  for (const RefusalCase& c : cases) {
+    SCOPED_TRACE(std::string(sim::FaultName(c.fault)));
+    sim_->ArmFault(c.fault);
+    FetchResult r = p->Fetch("10");
+    ASSERT_TRUE(r.refusal.has_value());
+    EXPECT_EQ(r.refusal->kind, c.kind);
+    EXPECT_EQ(r.refusal->http_status, c.status);
+    EXPECT_EQ(r.refusal->code, c.code);
+    EXPECT_EQ(r.refusal->retry_after, c.retry_after);
+    ExpectNoSecret(r);
+    if (c.kind == RefusalKind::kFundingRequired) {
+      EXPECT_TRUE(absl::StrContains(r.refusal->funding_action_json, "\"next_action\":{"));
+      EXPECT_TRUE(absl::StrContains(r.refusal->funding_action_json, "\"challenges\":["));
+      EXPECT_TRUE(absl::StrContains(r.refusal->funding_action_json, "\"credit\":{"));
+    }
+    // Refusals never move anything: the same cursor works next.
+    Page page = ExpectPage(p->Fetch("10"));
+    EXPECT_EQ(page.from, 10u);
+  }
+  // 409 cursor_mismatch: a cursor of another source.
+  FetchResult mismatch = p->Fetch(sim_->EncodeCursor("other", "all", {5, 0}));
+  ASSERT_TRUE(mismatch.refusal);
+  EXPECT_EQ(mismatch.refusal->kind, RefusalKind::kConfigInvalid);
+  EXPECT_EQ(mismatch.refusal->http_status, 409);
+  EXPECT_EQ(mismatch.refusal->code, "cursor_mismatch");
+  // 400 invalid_request: not a cursor.
+  FetchResult bad = p->Fetch("garbage!");
+  ASSERT_TRUE(bad.refusal);
+  EXPECT_EQ(bad.refusal->kind, RefusalKind::kConfigInvalid);
+  EXPECT_EQ(bad.refusal->http_status, 400);
+  EXPECT_EQ(bad.refusal->code, "invalid_request");
+}
+
+TEST_F(HttpProviderTest, AuthRefusalsNeverCarryTheKey) {
+  HttpProviderOptions none = Options(handoff::v1::TRANSPORT_POLL);
+  none.api_key.clear();
+  FetchResult r401 = Make(none)->Fetch("0");
+  ASSERT_TRUE(r401.refusal);
+  EXPECT_EQ(r401.refusal->kind, RefusalKind::kAuthFailed);
+  EXPECT_EQ(r401.refusal->http_status, 401);
+  HttpProviderOptions wrong = Options(handoff::v1::TRANSPORT_SSE);
+  wrong.api_key = std::string(kToken) + "-wrong";
+  FetchResult r403 = Make(wrong)->Fetch("0");
+  ASSERT_TRUE(r403.refusal);
+  EXPECT_EQ(r403.refusal->kind, RefusalKind::kAuthFailed);
+  EXPECT_EQ(r403.refusal->http_status, 403);
+  ExpectNoSecret(r403);
+  // A provider echoing the key would still not leak it.
+  Refusal echoed = ClassifyRefusal(400, std::string(R"({"error":"invalid_request","details":{"message":"bad )") + kToken + "\"}}",
+                                   std::nullopt, std::nullopt);
+  EXPECT_TRUE(absl::StrContains(echoed.message, kToken));  // ClassifyRefusal itself is raw
+  HttpProviderOptions unknown_chain = Options(handoff::v1::TRANSPORT_POLL);
+  unknown_chain.chain = "nope";
+  FetchResult r400 = Make(unknown_chain)->Fetch("0");
+  ASSERT_TRUE(r400.refusal);
+  EXPECT_EQ(r400.refusal->kind, RefusalKind::kConfigInvalid);
+  EXPECT_EQ(r400.refusal->http_status, 400);
+}
+
+TEST_F(HttpProviderTest, ClassifiesControlsAndHeaders) {
+  Refusal c = ClassifyRefusal(0, R"({"error":"chain_unavailable","retry_after":5})", std::nullopt, std::nullopt);
+  EXPECT_EQ(c.kind, RefusalKind::kRetryAfter);
+  EXPECT_EQ(c.retry_after, absl::Seconds(5));
+  Refusal f = ClassifyRefusal(0, R"({"error":{"code":"payment_required","message":"m","next_action":{"a":1}}})",
+                              std::nullopt, 60000);
+  EXPECT_EQ(f.kind, RefusalKind::kFundingRequired);
+  EXPECT_EQ(f.funding_action_json, R"({"next_action":{"a":1}})");
+  EXPECT_EQ(f.retry_after, absl::Seconds(60));
+  EXPECT_EQ(ClassifyRefusal(0, R"({"error":"resync_required"})", {}, {}).kind, RefusalKind::kResyncRequired);
+  EXPECT_EQ(ClassifyRefusal(0, R"({"error":"cursor_mismatch"})", {}, {}).kind, RefusalKind::kConfigInvalid);
+  EXPECT_EQ(ClassifyRefusal(0, "not json", {}, {}).kind, RefusalKind::kTransient);
+  EXPECT_EQ(ClassifyRefusal(503, "<html>", {}, {}).kind, RefusalKind::kTransient);
+  EXPECT_EQ(ClassifyRefusal(502, "", {}, {}).kind, RefusalKind::kTransient);
+  EXPECT_EQ(ClassifyRefusal(404, "", {}, {}).kind, RefusalKind::kConfigInvalid);
+  EXPECT_EQ(ClassifyRefusal(429, "", absl::Seconds(9), {}).retry_after, absl::Seconds(9));
+}
+
+TEST_F(HttpProviderTest, PageSizeLimitAbortsTheTransfer) {
+  for (auto transport : {handoff::v1::TRANSPORT_POLL, handoff::v1::TRANSPORT_SSE}) {
+    HttpProviderOptions o = Options(transport);
+    o.max_page_bytes = 4096;
+    FetchResult r = Make(o)->Fetch("0");
+    ASSERT_TRUE(r.refusal) << transport;
+    EXPECT_EQ(r.refusal->kind, RefusalKind::kMalformedPage);
+    EXPECT_EQ(r.refusal->code, "page_too_large");
+  }
+}
+
+TEST_F(HttpProviderTest, SseStreamsFromTheCommittedCursorWithLastEventId) {
+  auto p = Make(Options(handoff::v1::TRANSPORT_SSE));
+  std::string cursor = "0";
+  std::vector<handoff::v1::EventRow> rows;
+  for (int i = 0; i < 21; ++i) {  // 10 blocks of 5 logs per page: 21 pages to block 200
+    Page page = ExpectPage(p->Fetch(cursor));
+    ASSERT_FALSE(page.items.empty());
+    rows.insert(rows.end(), page.items.begin(), page.items.end());
+    cursor = page.next;
+  }
+  EXPECT_EQ(rows.size(), sim_->chain().Canonical(0, 200).size());
+  auto streams = StreamRequests();
+  ASSERT_EQ(streams.size(), 1u);  // one connection for the whole walk
+  EXPECT_TRUE(streams[0].has_last_event_id);
+  EXPECT_EQ(streams[0].last_event_id, "0");
+  EXPECT_TRUE(streams[0].authorized);
+
+  // The engine did not commit the last page: Fetch from the older cursor reconnects.
+  Page a = ExpectPage(p->Fetch("50"));
+  Page b = ExpectPage(p->Fetch(a.next));
+  Page b_again = ExpectPage(p->Fetch(a.next));  // b was not committed
+  EXPECT_EQ(b_again.from, b.from);
+  EXPECT_EQ(b_again.next, b.next);
+  streams = StreamRequests();
+  ASSERT_EQ(streams.size(), 3u);
+  EXPECT_EQ(streams[1].last_event_id, "50");
+  EXPECT_EQ(streams[2].last_event_id, a.next);
+  EXPECT_EQ(streams[2].from, a.next);
+}
+
+TEST_F(HttpProviderTest, SseLatestSendsNoLastEventId) {
+  auto p = Make(Options(handoff::v1::TRANSPORT_SSE));
+  Page page = ExpectPage(p->Fetch("latest"));
+  EXPECT_TRUE(page.items.empty());
+  EXPECT_NE(page.next, "latest");
+  auto streams = StreamRequests();
+  ASSERT_EQ(streams.size(), 1u);
+  EXPECT_FALSE(streams[0].has_last_event_id);
+  EXPECT_EQ(streams[0].from, "latest");
+  // New blocks arrive on the open stream.
+  sim_->chain().AddBlocks(1);
+  Page next = ExpectPage(p->Fetch(page.next));
+  EXPECT_EQ(next.from, 201u);
+  EXPECT_EQ(next.items.size(), 5u);
+  EXPECT_EQ(StreamRequests().size(), 1u);
+}
+
+// Fetches from the committed cursor until a refusal, committing every page.
+FetchResult UntilRefusal(HttpProvider* p, std::string* cursor) {
+  for (int i = 0; i < 100000; ++i) {
+    FetchResult r = p->Fetch(*cursor);
+    if (r.refusal) return r;
+    *cursor = r.page->next;
+  }
+  ADD_FAILURE() << "no refusal";
+  return FetchResult();
+}
+
+TEST_F(HttpProviderTest, SseReconnectsFromCommittedCursorAfterDropsAndControls) {
+  sim::ProviderSimOptions o;
+  o.heartbeat = absl::Milliseconds(100);  // at the tip, a reconnect gets a heartbeat soon
+  StartSim(o);
+  auto p = Make(Options(handoff::v1::TRANSPORT_SSE));
+  std::string cursor = "0";
+  cursor = ExpectPage(p->Fetch(cursor)).next;
+  struct Case {
+    Fault fault;
+    RefusalKind kind;
+    std::string code;
+  };
+  for (const Case& c : std::vector<Case>{
+           {Fault::kDropConnection, RefusalKind::kTransient, "network"},
+           {Fault::kIncompleteSseFrame, RefusalKind::kTransient, "network"},
+           {Fault::kChainUnavailable, RefusalKind::kRetryAfter, "chain_unavailable"},
+           {Fault::kResyncRequired, RefusalKind::kResyncRequired, "resync_required"},
+           {Fault::kPaymentRequired, RefusalKind::kFundingRequired, "insufficient_credit"},
+       }) {
+    SCOPED_TRACE(std::string(sim::FaultName(c.fault)));
+    size_t streams_before = StreamRequests().size();
+    sim_->ArmFault(c.fault);
+    FetchResult r = UntilRefusal(p.get(), &cursor);
+    ASSERT_TRUE(r.refusal);
+    EXPECT_EQ(r.refusal->kind, c.kind);
+    EXPECT_EQ(r.refusal->code, c.code);
+    EXPECT_EQ(r.refusal->http_status, 0);
+    ExpectNoSecret(r);
+    if (c.fault == Fault::kChainUnavailable) EXPECT_EQ(r.refusal->retry_after, absl::Seconds(7));
+    if (c.fault == Fault::kPaymentRequired) {
+      EXPECT_EQ(r.refusal->retry_after, absl::Seconds(60));
+      EXPECT_TRUE(absl::StrContains(r.refusal->funding_action_json, "next_action"));
+    }
+    if (c.fault == Fault::kIncompleteSseFrame) {
+      EXPECT_TRUE(absl::StrContains(r.refusal->message, "incomplete frame")) << r.refusal->message;
+    }
+    // The next Fetch reconnects from the committed cursor and succeeds.
+    Page page = ExpectPage(p->Fetch(cursor));
+    auto streams = StreamRequests();
+    ASSERT_EQ(streams.size(), streams_before + 1);
+    EXPECT_EQ(streams.back().last_event_id, cursor);
+    cursor = page.next;  // at the tip this is a heartbeat: the same cursor
+  }
+}
+
+TEST_F(HttpProviderTest, SseSilenceIsTransientAndHeartbeatsAreNoOpPages) {
+  HttpProviderOptions o = Options(handoff::v1::TRANSPORT_SSE);
+  o.sse_silence_timeout = absl::Milliseconds(300);
+  auto p = Make(o);
+  std::string tip = sim_->EncodeCursor(o.source, o.filter, {201, 0});
+  FetchResult r = p->Fetch(tip);  // the sim's heartbeat is 60 s: silence
+  ASSERT_TRUE(r.refusal);
+  EXPECT_EQ(r.refusal->kind, RefusalKind::kTransient);
+  EXPECT_EQ(r.refusal->code, "sse_silence");
+
+  sim::ProviderSimOptions fast;
+  fast.heartbeat = absl::Milliseconds(50);
+  StartSim(fast);
+  o = Options(handoff::v1::TRANSPORT_SSE);
+  o.sse_silence_timeout = absl::Seconds(20);
+  p = Make(o);
+  tip = sim_->EncodeCursor(o.source, o.filter, {201, 0});
+  for (int i = 0; i < 3; ++i) {
+    Page heartbeat = ExpectPage(p->Fetch(tip));
+    EXPECT_TRUE(heartbeat.items.empty());
+    EXPECT_EQ(heartbeat.next, tip);
+  }
+  EXPECT_EQ(StreamRequests().size(), 1u);
+}
+
+TEST_F(HttpProviderTest, CancelUnblocksABlockedSseFetch) {
+  auto p = Make(Options(handoff::v1::TRANSPORT_SSE));
+  std::string tip = sim_->EncodeCursor("erc20 transfers", "all&more=1", {201, 0});
+  size_t before = sim_->Requests().size();
+  absl::Notification done;
+  FetchResult result;
+  std::thread fetcher([&] {
+    result = p->Fetch(tip);
+    done.Notify();
+  });
+  ASSERT_TRUE(sim_->WaitForRequests(before + 1, absl::Seconds(10)));
+  EXPECT_FALSE(done.HasBeenNotified());
+  absl::Time t0 = absl::Now();
+  p->Cancel();
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
+  fetcher.join();
+  ASSERT_TRUE(result.refusal);
+  EXPECT_EQ(result.refusal->kind, RefusalKind::kCancelled);
+  FetchResult later = p->Fetch("0");
+  ASSERT_TRUE(later.refusal);
+  EXPECT_EQ(later.refusal->kind, RefusalKind::kCancelled);
+}
+
+TEST_F(HttpProviderTest, CloseUnblocksAndTheNextFetchReconnects) {
+  auto p = Make(Options(handoff::v1::TRANSPORT_SSE));
+  std::string tip = sim_->EncodeCursor("erc20 transfers", "all&more=1", {201, 0});
+  size_t before = sim_->Requests().size();
+  absl::Notification done;
+  FetchResult result;
+  std::thread fetcher([&] {
+    result = p->Fetch(tip);
+    done.Notify();
+  });
+  ASSERT_TRUE(sim_->WaitForRequests(before + 1, absl::Seconds(10)));
+  p->Close();
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  fetcher.join();
+  ASSERT_TRUE(result.refusal);
+  EXPECT_EQ(result.refusal->kind, RefusalKind::kTransient);
+  EXPECT_EQ(result.refusal->code, "closed");
+  Page page = ExpectPage(p->Fetch("0"));
+  EXPECT_EQ(page.from, 0u);
+}
+
+TEST_F(HttpProviderTest, CorrectionPageAfterReorg) {
+  auto p = Make(Options(handoff::v1::TRANSPORT_POLL));
+  std::string cursor = "150";
+  Page page;
+  do {
+    page = ExpectPage(p->Fetch(cursor));
+    cursor = page.next;
+  } while (!page.items.empty());
+  ASSERT_TRUE(sim_->chain().Reorg(4).ok());
+  Page correction = ExpectPage(p->Fetch(cursor));
+  EXPECT_TRUE(correction.reorg);
+  EXPECT_EQ(correction.from, 197u);
+  EXPECT_EQ(correction.through->number, 200u);
+  EXPECT_EQ(correction.items.front().block_hash(), sim_->chain().BlockHash(197));
+}
+
+}  // namespace
+}  // namespace handoff::consumer

@@ -228,6 +228,14 @@ handoff::v1::Finality PageAttempt::FinalityOf(const handoff::v1::EventRow& row) 
   return handoff::v1::FINALITY_LATEST;
 }
 
+std::unique_ptr<store::StepBatch> PageAttempt::NewStep() {
+  std::unique_ptr<store::StepBatch> step = config_.store->NewStep(config_.source_id);
+  // The replaced range is deleted before anything of the page is inserted, in the same
+  // batch as the page's first effects.
+  StageOrphans(step.get());
+  return step;
+}
+
 void PageAttempt::StageOrphans(store::StepBatch* step) {
   if (!orphans_pending_) return;
   for (Position pos : orphans_) {
@@ -318,10 +326,10 @@ std::optional<PageAttempt::Result> PageAttempt::CommitSlots(
     deltas.set_replayed(deltas.replayed() + replayed_);
     replays_counted_ = true;
   }
+  // Orphans were staged first in this step by NewStep() (deletes before inserts).
   const bool had_orphans = orphans_pending_;
   if (orphans_pending_) {
-    StageOrphans(step);
-    if (page_.reorg) {
+    if (page_.reorg && !orphans_.empty()) {
       deltas.set_corrections(deltas.corrections() + 1);
       deltas.set_max_correction_depth(correction_depth_);
     }
@@ -397,7 +405,7 @@ PageAttempt::Result PageAttempt::ProcessLocal() {
       return Make(Kind::kBlockedOnHold, absl::StrCat("event ", slots_[i].pos.DebugString(),
                                                      " is held: ", slots_[i].hold->reason()));
     }
-    std::unique_ptr<store::StepBatch> step = config_.store->NewStep(config_.source_id);
+    std::unique_ptr<store::StepBatch> step = NewStep();
     std::vector<size_t> newly;
     size_t j = i;
     for (; j < n && newly.size() < per_step; ++j) {
@@ -464,7 +472,7 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
     }
     if (Cancelled()) return Make(Kind::kCancelled);
 
-    std::unique_ptr<store::StepBatch> step = config_.store->NewStep(config_.source_id);
+    std::unique_ptr<store::StepBatch> step = NewStep();
     std::vector<size_t> newly;
     std::vector<std::pair<size_t, std::string>> quarantines;
     std::vector<std::pair<size_t, handoff::v1::Hold>> holds;
@@ -554,7 +562,7 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
     if (!quarantines.empty()) {
       // Quarantine receipts get their own durable step: until it commits, the decision
       // lives only in memory and blocks the prefix.
-      std::unique_ptr<store::StepBatch> qstep = config_.store->NewStep(config_.source_id);
+      std::unique_ptr<store::StepBatch> qstep = NewStep();
       std::vector<size_t> qnewly;
       store::CounterRecord qdeltas;
       for (const auto& [j, reason] : quarantines) {
@@ -583,7 +591,7 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
 }
 
 PageAttempt::Result PageAttempt::Barrier() {
-  std::unique_ptr<store::StepBatch> step = config_.store->NewStep(config_.source_id);
+  std::unique_ptr<store::StepBatch> step = NewStep();
   std::optional<Result> r =
       CommitSlots(step.get(), {}, store::CounterRecord(), /*with_barrier=*/true, nullptr, nullptr);
   return r.has_value() ? *r : Make(Kind::kPromoted);

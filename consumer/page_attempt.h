@@ -134,6 +134,8 @@ class PageAttempt {
   // Stages the durable terminal effect of slot `i`.
   absl::Status StageTerminal(size_t i, Decision::Kind kind, const std::string& reason,
                              store::StepBatch* step);
+  // A new step of this attempt, starting with the pending orphan deletes.
+  std::unique_ptr<store::StepBatch> NewStep();
   void StageOrphans(store::StepBatch* step);
   handoff::v1::Hold MakeHold(size_t i, handoff::v1::HoldKind kind, const Decision& d,
                              const SinkAnswer& answer, uint32_t attempts) const;

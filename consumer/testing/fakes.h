@@ -22,7 +22,7 @@
 namespace handoff::consumer::testing {
 
 // Builds an EventRow for tests.
-handoff::v1::EventRow MakeRow(uint64_t block, uint64_t log_index, const std::string& fork = "a");
+handoff::v1::EventRow MakeRow(uint64_t block, uint64_t log_index = 0, const std::string& fork = "a");
 // A page covering [from, through] with `items` and the given next cursor.
 Page MakePage(uint64_t from, uint64_t through, std::vector<handoff::v1::EventRow> items,
               std::string next, bool reorg = false);

@@ -27,8 +27,8 @@ Harness::Harness(std::string dir, HarnessOptions options)
     spec_.mutable_sink()->set_gate(handoff::v1::DELIVERY_GATE_IMMEDIATE);
   }
   spec_.mutable_failure_policy()->set_max_attempts(options.max_attempts);
-  spec_.mutable_failure_policy()->set_initial_backoff_ms(1);
-  spec_.mutable_failure_policy()->set_max_backoff_ms(2);
+  spec_.mutable_failure_policy()->set_initial_backoff_ms(options.initial_backoff_ms);
+  spec_.mutable_failure_policy()->set_max_backoff_ms(2 * options.initial_backoff_ms);
   spec_.mutable_failure_policy()->set_on_rejection(options.on_rejection);
 }
 

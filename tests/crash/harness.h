@@ -25,6 +25,7 @@ struct HarnessOptions {
   bool fuse_barrier = false;   // false: the barrier is a step of its own
   handoff::v1::RejectionPolicy on_rejection = handoff::v1::REJECTION_POLICY_QUARANTINE;
   uint32_t max_attempts = 3;
+  uint32_t initial_backoff_ms = 1;
   uint64_t start_block = 100;
 };
 

@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "rocksdb/db.h"
+#include "rocksdb/env.h"
 #include "rocksdb/utilities/optimistic_transaction_db.h"
 #include "rocksdb/utilities/transaction.h"
 #include "rocksdb/utilities/transaction_db.h"
@@ -49,7 +50,7 @@ void Print(const std::string& name, Result r) {
   double sum = 0;
   for (double m : r.micros) sum += m;
   const size_t n = r.micros.size();
-  std::printf("%-34s %7zu ops  mean %9.1f us  p50 %9.1f us  p99 %9.1f us  %9.0f ops/s",
+  std::printf("%-42s %6zu ops  mean %9.1f us  p50 %9.1f us  p99 %9.1f us  %9.0f ops/s",
               name.c_str(), n, sum / n, r.micros[n / 2], r.micros[std::min(n - 1, n * 99 / 100)],
               n / r.wall_seconds);
   if (r.aborted > 0) std::printf("  (%d aborted)", r.aborted);
@@ -301,6 +302,11 @@ int Main(int argc, char** argv) {
     base = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/handoff_cas_bench");
   }
   std::filesystem::remove_all(base);
+  // Each level of `base` (RocksDB creates only the last one of a path).
+  for (size_t slash = base.find('/', 1);; slash = base.find('/', slash + 1)) {
+    rocksdb::Env::Default()->CreateDirIfMissing(base.substr(0, slash)).PermitUncheckedError();
+    if (slash == std::string::npos) break;
+  }
   const std::vector<std::string> rows = RowPayloads(1000);
   int dir_seq = 0;
   auto dir = [&] { return absl::StrCat(base, "/db", dir_seq++); };

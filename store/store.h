@@ -8,9 +8,16 @@
 //  * Fencing: every CommitStep names the checkpoint version its attempt loaded; a page
 //    barrier also names the request cursor and moves (cursor, version) to
 //    (next cursor, version + 1). RocksDB has no compare-and-swap of its own, so the
-//    store serialises read-check-write per source with a mutex (measured faster than a
-//    TransactionDB, see README). If the stored pair differs, the commit is ABORTED and
-//    nothing of it is written: a stale attempt can never overwrite newer progress.
+//    store serialises read-check-write per source with a mutex and writes the step and
+//    the new checkpoint in one WriteBatch (RocksDB's LOCK file keeps the database to
+//    one process, so an in-process lock is enough). cas_bench, p50 over 3 runs on a
+//    2-vCPU ext4 VM: a 1000-row step commits in 4.8-8.7 ms synced / 2.2-2.5 ms unsynced,
+//    against 7.9-12.4 / 4.8-12.2 ms with a pessimistic TransactionDB (GetForUpdate) and
+//    9.4-10.7 / 8.5-13.1 ms with an OptimisticTransactionDB, which index (and lock)
+//    every row; the barrier alone is fsync-bound and equal within noise (synced p50
+//    0.24-4 ms, unsynced 6.7-12.6 us for all three). Details in README.md. If the stored
+//    pair differs, the commit is ABORTED and nothing of it is written: a stale attempt
+//    can never overwrite newer progress.
 //
 // Invariants kept here:
 //  * A step is all on disk or none of it (one WriteBatch); with sync, it survives a

@@ -1,32 +1,82 @@
 #include "server/factories.h"
 
+#include <cstdlib>
+#include <fstream>
 #include <memory>
+#include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "consumer/provider/http_provider.h"
+#include "consumer/sinks/grpc_event_sink.h"
 
 namespace handoff::server {
+namespace {
+
+// Reads the provider API key named by the spec. Errors name where the key was looked
+// for, never its value.
+absl::StatusOr<std::string> ResolveApiKey(const handoff::v1::SourceSpec& spec) {
+  if (!spec.has_api_key()) return std::string();
+  const handoff::v1::SecretRef& ref = spec.api_key();
+  std::string key;
+  if (ref.has_env()) {
+    const char* value = std::getenv(ref.env().c_str());
+    if (value == nullptr || *value == '\0') {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "source ", spec.id(), ": api_key.env: environment variable ", ref.env(),
+          " is not set"));
+    }
+    key = value;
+  } else if (ref.has_file()) {
+    std::ifstream in(ref.file());
+    if (!in) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "source ", spec.id(), ": api_key.file: cannot read ", ref.file()));
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    key = ss.str();
+  }
+  key = std::string(absl::StripAsciiWhitespace(key));
+  if (key.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("source ", spec.id(), ": api_key: the named secret is empty"));
+  }
+  for (char c : key) {
+    if (static_cast<unsigned char>(c) < 0x21 || c == 0x7f) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "source ", spec.id(), ": api_key: the secret holds characters a header cannot carry"));
+    }
+  }
+  return key;
+}
+
+}  // namespace
 
 consumer::Factories ProductionFactories() {
   consumer::Factories factories;
-  // Wire consumer/provider/'s HttpProvider here.
   factories.provider = [](const handoff::v1::SourceSpec& spec)
       -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
-    return absl::UnimplementedError(absl::StrCat(
-        "source ", spec.id(), ": this handoffd build links no provider adapter"));
+    absl::StatusOr<std::string> key = ResolveApiKey(spec);
+    if (!key.ok()) return key.status();
+    consumer::HttpProviderOptions options;
+    options.base_url = spec.provider_url();
+    options.chain = spec.chain();
+    options.source = spec.source();
+    options.filter = spec.filter();
+    options.page_limit = spec.page_limit();
+    options.transport = spec.transport();
+    options.api_key = *std::move(key);
+    absl::StatusOr<std::unique_ptr<consumer::HttpProvider>> provider =
+        consumer::HttpProvider::Create(std::move(options));
+    if (!provider.ok()) return provider.status();
+    return std::unique_ptr<consumer::Provider>(*std::move(provider));
   };
-  // Wire consumer/sinks/'s EventSink client here.
-  factories.external_sink = [](const handoff::v1::SourceSpec& spec)
-      -> absl::StatusOr<std::unique_ptr<consumer::ExternalSink>> {
-    if (!spec.sink().has_downstream()) return std::unique_ptr<consumer::ExternalSink>();
-    return absl::UnimplementedError(absl::StrCat(
-        "source ", spec.id(), ": this handoffd build links no EventSink client"));
+  factories.external_sink = [](const handoff::v1::SourceSpec& spec) {
+    return consumer::MakeExternalSink(spec);
   };
   return factories;
 }
-
-}  // namespace handoff::server
-
-namespace handoff::server {
 
 absl::StatusOr<std::unique_ptr<consumer::SourceManager>> CreateProductionSourceManager(
     consumer::SourceManagerOptions options) {

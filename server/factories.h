@@ -2,9 +2,9 @@
 // builds a source's provider (consumer/provider/: the libcurl polling and SSE adapters)
 // and external sink (consumer/sinks/: the gRPC EventSink client).
 //
-// Until those adapters are linked here, both factories answer UNIMPLEMENTED with a
-// message saying so (the engine reports it on the source); every admin RPC that needs
-// no provider keeps working. Local-rows sources need no external sink (nullptr).
+// The provider API key is read here, from the environment variable or file the spec
+// names; errors say where it was looked for, never what it is. Local-rows sources need
+// no external sink (nullptr).
 //
 // Only handoffd's composition root (flags.cc) depends on this target, so the server
 // library and its tests link no engine.

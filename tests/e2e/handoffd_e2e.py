@@ -295,15 +295,7 @@ def phase_plain(binary, workdir, data_dir):
 
         # Life cycle of a second source: start, watch, stop, delete.
         client.call("CreateSource", admin.CreateSourceRequest(spec=local_spec("e2e-cycle")))
-        try:
-            client.call("StartSource", admin.StartSourceRequest(source_id="e2e-cycle"))
-        except grpc.RpcError as e:
-            # Until server/factories.cc links the provider adapter, starting a source is
-            # UNIMPLEMENTED; everything else of the cycle still runs.
-            if not (e.code() == grpc.StatusCode.UNIMPLEMENTED and
-                    "links no provider adapter" in (e.details() or "")):
-                raise
-            log("pending - StartSource: provider adapter not wired into server/factories.cc")
+        client.call("StartSource", admin.StartSourceRequest(source_id="e2e-cycle"))
         stream = client.admin.WatchProgress(
             admin.WatchProgressRequest(source_id="e2e-cycle", heartbeat_ms=200),
             metadata=client.metadata, timeout=RPC_TIMEOUT_S)

@@ -81,9 +81,9 @@ std::string IdentityHash(const handoff::v1::SourceSpec& spec) {
       absl::string_view(reinterpret_cast<const char*>(digest), sizeof(digest)));
 }
 
-absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
-  if (options.path.empty()) return absl::InvalidArgumentError("store: empty data path");
-  rocksdb::DBOptions db_options;
+RocksOptions StoreRocksOptions(const StoreOptions& options) {
+  RocksOptions out;
+  rocksdb::DBOptions& db_options = out.db;
   db_options.create_if_missing = true;
   db_options.create_missing_column_families = true;
   db_options.max_background_jobs = 2;
@@ -94,6 +94,19 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) 
   // silently continuing.
   db_options.paranoid_checks = true;
   if (options.env != nullptr) db_options.env = options.env;
+  auto cache = rocksdb::NewLRUCache(options.block_cache_bytes);
+  for (int i = 0; i < kFamilyCount; ++i) {
+    std::string name = kFamilyNames[i];
+    bool point = name == "rows" || name == "receipts" || name == "outbox";
+    out.families.emplace_back(name, FamilyOptions(options, cache, point));
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
+  if (options.path.empty()) return absl::InvalidArgumentError("store: empty data path");
+  RocksOptions rocks = StoreRocksOptions(options);
+  rocksdb::DBOptions& db_options = rocks.db;
 
   // A directory with files but no RocksDB CURRENT file is somebody else's: refuse it.
   rocksdb::Env* env = options.env != nullptr ? options.env : rocksdb::Env::Default();
@@ -112,13 +125,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) 
     }
   }
 
-  auto cache = rocksdb::NewLRUCache(options.block_cache_bytes);
-  std::vector<rocksdb::ColumnFamilyDescriptor> families;
-  for (int i = 0; i < kFamilyCount; ++i) {
-    std::string name = kFamilyNames[i];
-    bool point = name == "rows" || name == "receipts" || name == "outbox";
-    families.emplace_back(name, FamilyOptions(options, cache, point));
-  }
+  std::vector<rocksdb::ColumnFamilyDescriptor>& families = rocks.families;
   // Refuse databases that carry column families we do not know (a foreign RocksDB).
   std::vector<std::string> existing;
   if (rocksdb::DB::ListColumnFamilies(db_options, options.path, &existing).ok()) {

@@ -235,6 +235,15 @@ class Store {
   absl::Status write_failure_ ABSL_GUARDED_BY(health_mu_);
 };
 
+// The RocksDB options Store::Open uses: database options and one descriptor per column
+// family, in the store's order. Exposed so that benchmarks can write the same rows with
+// a bare RocksDB loop under exactly the same tuning (bench/).
+struct RocksOptions {
+  rocksdb::DBOptions db;
+  std::vector<rocksdb::ColumnFamilyDescriptor> families;
+};
+RocksOptions StoreRocksOptions(const StoreOptions& options);
+
 // Hash of a source's identity (provider_url, chain, source, filter): a checkpoint's
 // cursor is only valid under the identity it was written for.
 std::string IdentityHash(const handoff::v1::SourceSpec& spec);

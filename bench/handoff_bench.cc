@@ -1,0 +1,389 @@
+// handoff_bench: every scenario of issue 7 in one run, each against its limit measured in
+// the same run, written to REPORT.md and report.json.
+//
+//   bazel build -c opt //bench:handoff_bench //server:handoffd
+//   bazel-out/k8-opt/bin/bench/handoff_bench --out_dir=bench \
+//       --handoffd=bazel-out/k8-opt/bin/server/handoffd [--smoke]
+//
+// The parent process hosts the provider simulator and the sample sink; each measurement
+// (a probe, probes.h) runs in a child process of this same binary, so its peak RSS
+// (wait4's ru_maxrss) and CPU time are Handoff's alone. Scenario 5 (memory) is built from
+// the peaks of the ingest children. `--probe=NAME` runs one probe and prints its JSON.
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <set>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "bench/probes.h"
+#include "bench/report.h"
+#include "sim/provider_sim.h"
+#include "sim/sample_sink/sample_sink.h"
+
+extern char** environ;
+
+ABSL_FLAG(bool, smoke, false, "Tiny sizes: checks that every scenario runs (seconds).");
+ABSL_FLAG(std::string, out_dir, "bench", "Where REPORT.md and report.json are written.");
+ABSL_FLAG(std::string, scratch, "", "Scratch directory (default: $TEST_TMPDIR or /tmp).");
+ABSL_FLAG(std::string, data_dir, "",
+          "Cache of the recovery data set (default: $HOME/.cache/handoff-bench).");
+ABSL_FLAG(std::string, handoffd, "", "handoffd binary for the admin-latency scenario.");
+ABSL_FLAG(std::string, history, "", "Markdown appended as the report's History section "
+                                    "(default: <out_dir>/HISTORY.md if present).");
+ABSL_FLAG(std::string, only, "", "Comma-separated scenario numbers to run (default: all).");
+// Child mode.
+ABSL_FLAG(std::string, probe, "", "Run one probe (child mode) and print its JSON.");
+ABSL_FLAG(std::string, sim_url, "", "");
+ABSL_FLAG(std::string, sink_target, "", "");
+ABSL_FLAG(std::string, dir, "", "");
+ABSL_FLAG(std::string, transport, "poll", "");
+ABSL_FLAG(std::string, gate, "immediate", "");
+ABSL_FLAG(std::string, mode, "batch", "");
+ABSL_FLAG(int, page, 1000, "");
+ABSL_FLAG(int, sources, 1, "");
+ABSL_FLAG(int64_t, events, 0, "");
+ABSL_FLAG(int64_t, rows, 0, "");
+ABSL_FLAG(double, window_s, 5, "");
+ABSL_FLAG(int, logs_per_block, 10, "");
+
+namespace handoff::bench {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr int kLogsPerBlock = 10;
+
+struct Sizes {
+  int64_t e1000, e100, many_total, sink_single, sink_batch, rec_sources, rec_rows;
+  int many[3];
+  double admin_window, idle_window;
+  int64_t admin_events;
+  int idle_sources;
+};
+
+Sizes FullSizes() {
+  return Sizes{1000000, 300000, 1000000, 1000, 51200, 100, 100000, {1, 8, 64}, 5, 20,
+               5000000, 1000};
+}
+Sizes SmokeSizes() {
+  return Sizes{20000, 5000, 20000, 50, 2000, 4, 1000, {1, 2, 4}, 0.5, 0.5, 200000, 20};
+}
+
+int64_t RoundToBlocks(int64_t events) {
+  return std::max<int64_t>(kLogsPerBlock, events / kLogsPerBlock * kLogsPerBlock);
+}
+
+class Runner {
+ public:
+  Runner(std::string scratch, std::string handoffd)
+      : scratch_(std::move(scratch)), handoffd_(std::move(handoffd)) {}
+
+  // Runs `args` in a child process; adds peak_rss_mb and child_cpu_seconds.
+  json Spawn(ProbeArgs a) {
+    if (a.dir.empty()) a.dir = absl::StrCat(scratch_, "/probe-", ++count_);
+    const bool temp_dir = a.dir.rfind(scratch_, 0) == 0;
+    fs::create_directories(a.dir);
+    std::vector<std::string> args = {
+        "/proc/self/exe",
+        "--probe=" + a.probe,
+        "--sim_url=" + a.sim_url,
+        "--sink_target=" + a.sink_target,
+        "--dir=" + a.dir,
+        "--transport=" + a.transport,
+        "--gate=" + a.gate,
+        "--mode=" + a.mode,
+        "--handoffd=" + a.handoffd,
+        absl::StrCat("--page=", a.page),
+        absl::StrCat("--sources=", a.sources),
+        absl::StrCat("--events=", a.events),
+        absl::StrCat("--rows=", a.rows),
+        absl::StrCat("--window_s=", a.window_s),
+        absl::StrCat("--logs_per_block=", a.logs_per_block)};
+    std::vector<char*> argv;
+    for (std::string& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    int pipefd[2];
+    if (pipe(pipefd) != 0) return json{{"error", "pipe"}};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, pipefd[1], 1);
+    posix_spawn_file_actions_addclose(&fa, pipefd[0]);
+    pid_t pid = 0;
+    std::fprintf(stderr, "handoff_bench: %s ...\n", Describe(a).c_str());
+    const absl::Time t0 = absl::Now();
+    int rc = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(pipefd[1]);
+    if (rc != 0) {
+      close(pipefd[0]);
+      return json{{"error", "spawn failed"}};
+    }
+    std::string out;
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(pipefd[0], buf, sizeof(buf))) > 0) out.append(buf, n);
+    close(pipefd[0]);
+    int status = 0;
+    rusage ru{};
+    wait4(pid, &status, 0, &ru);
+    if (temp_dir) fs::remove_all(a.dir);
+    json r;
+    std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
+    if (!lines.empty()) r = json::parse(lines.back(), nullptr, false);
+    if (!r.is_object()) r = json{{"error", absl::StrCat("child exited with status ", status)}};
+    r["peak_rss_mb"] = ru.ru_maxrss / 1024.0;
+    r["child_cpu_seconds"] = ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+                             (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+    std::fprintf(stderr, "handoff_bench:   %.1f s: %s\n",
+                 absl::ToDoubleSeconds(absl::Now() - t0), r.dump().c_str());
+    return r;
+  }
+
+  // Runs `a` against a fresh simulator whose chain holds `events_per_source` events.
+  json WithSim(ProbeArgs a, int64_t events_per_source, int threads) {
+    sim::ProviderSimOptions o;
+    o.chain.logs_per_block = kLogsPerBlock;
+    o.chain.initial_head = events_per_source / kLogsPerBlock - 1;
+    o.threads = threads;
+    sim::ProviderSim sim(o);
+    absl::StatusOr<int> port = sim.Start(0);
+    if (!port.ok()) return json{{"error", port.status().ToString()}};
+    a.sim_url = sim.base_url();
+    a.logs_per_block = kLogsPerBlock;
+    json r = Spawn(a);
+    sim.Stop();
+    return r;
+  }
+
+  json WithSink(ProbeArgs a, int64_t events_per_source) {
+    sim::SampleSink::Options so;
+    so.core.db_path = absl::StrCat(scratch_, "/sink-", ++count_);
+    so.core.sync = true;
+    absl::StatusOr<std::unique_ptr<sim::SampleSink>> sink = sim::SampleSink::Start(so);
+    if (!sink.ok()) return json{{"error", sink.status().ToString()}};
+    a.sink_target = (*sink)->target();
+    json r = WithSim(a, events_per_source, 16);
+    sink->reset();
+    fs::remove_all(so.core.db_path);
+    return r;
+  }
+
+  const std::string& handoffd() const { return handoffd_; }
+
+ private:
+  static std::string Describe(const ProbeArgs& a) {
+    return absl::StrCat(a.probe, " transport=", a.transport, " page=", a.page,
+                        " sources=", a.sources, " events=", a.events, " mode=", a.mode,
+                        " gate=", a.gate);
+  }
+
+  const std::string scratch_;
+  const std::string handoffd_;
+  int count_ = 0;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return "";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+Machine ThisMachine() {
+  Machine m;
+  m.nproc = static_cast<int>(std::thread::hardware_concurrency());
+  std::istringstream cpu(ReadFile("/proc/cpuinfo"));
+  std::string line;
+  while (std::getline(cpu, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      m.cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  utsname u{};
+  if (uname(&u) == 0) m.kernel = absl::StrCat(u.sysname, " ", u.release);
+  m.date = absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::Now(), absl::UTCTimeZone());
+  return m;
+}
+
+int RunAll() {
+  const bool smoke = absl::GetFlag(FLAGS_smoke);
+  const Sizes z = smoke ? SmokeSizes() : FullSizes();
+  std::string scratch = absl::GetFlag(FLAGS_scratch);
+  if (scratch.empty()) {
+    const char* t = std::getenv("TEST_TMPDIR");
+    scratch = absl::StrCat(t != nullptr ? t : "/tmp", "/handoff-bench-", getpid());
+  }
+  fs::create_directories(scratch);
+  std::string data_dir = absl::GetFlag(FLAGS_data_dir);
+  if (data_dir.empty()) {
+    const char* home = std::getenv("HOME");
+    data_dir = smoke ? scratch + "/data"
+                     : absl::StrCat(home != nullptr ? home : "/tmp", "/.cache/handoff-bench");
+  }
+  std::set<std::string> only;
+  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_only), ',', absl::SkipEmpty())) {
+    only.insert(std::string(s));
+  }
+  auto wanted = [&](int n) { return only.empty() || only.count(std::to_string(n)) > 0; };
+
+  Runner run(scratch, absl::GetFlag(FLAGS_handoffd));
+  Results res;
+  res.smoke = smoke;
+  res.machine = ThisMachine();
+
+  const int64_t e1000 = RoundToBlocks(z.e1000), e100 = RoundToBlocks(z.e100);
+  auto e2e = [&](const std::string& transport, int page, int sources, int64_t per_source) {
+    ProbeArgs a;
+    a.probe = "e2e";
+    a.transport = transport;
+    a.page = page;
+    a.sources = sources;
+    a.events = per_source;
+    return run.WithSim(a, per_source, 2 * sources + 16);
+  };
+
+  if (wanted(1) || wanted(2) || wanted(5)) {
+    ProbeArgs bare;
+    bare.probe = "bare_rocks";
+    bare.events = e1000;
+    bare.logs_per_block = kLogsPerBlock;
+    res.raw["bare_rocks"] = run.Spawn(bare);
+    for (int page : {1000, 100}) {
+      ProbeArgs alone;
+      alone.probe = "sim_alone";
+      alone.page = page;
+      alone.events = page == 1000 ? e1000 / 2 : e100;
+      res.raw[absl::StrCat("sim_alone_p", page)] = run.WithSim(alone, e1000, 8);
+    }
+  }
+  if (wanted(1) || wanted(5)) {
+    for (const char* t : {"poll", "sse"}) {
+      res.raw[absl::StrCat("e2e_", t, "_p1000")] = e2e(t, 1000, 1, e1000);
+      res.raw[absl::StrCat("e2e_", t, "_p100")] = e2e(t, 100, 1, e100);
+    }
+  }
+  if (wanted(2) || wanted(5)) {
+    for (int s : z.many) {
+      const int64_t per = RoundToBlocks(z.many_total / s);
+      res.raw[absl::StrCat("many_", s)] = e2e("poll", 1000, s, per);
+    }
+  }
+  if (wanted(5)) {
+    const int s = z.many[2];
+    res.raw[absl::StrCat("mem_", s, "_p100")] = e2e("poll", 100, s, RoundToBlocks(e100 / s));
+  }
+  if (wanted(3)) {
+    for (const char* mode : {"single", "batch"}) {
+      const int64_t n = RoundToBlocks(std::string(mode) == "single" ? z.sink_single : z.sink_batch);
+      ProbeArgs d;
+      d.probe = "sink_direct";
+      d.mode = mode;
+      d.events = n;
+      res.raw[absl::StrCat("sink_direct_", mode)] = run.WithSink(d, n);
+      for (const char* gate : {"immediate", "finalized"}) {
+        ProbeArgs e;
+        e.probe = "sink_e2e";
+        e.mode = mode;
+        e.gate = gate;
+        // FINALIZED delivers what is 32 blocks below the head: serve that much more.
+        const int64_t served = std::string(gate) == "finalized" ? n + 32 * kLogsPerBlock : n;
+        e.events = served;
+        res.raw[absl::StrCat("sink_", mode, "_", gate)] = run.WithSink(e, served);
+      }
+    }
+  }
+  if (wanted(4)) {
+    ProbeArgs r;
+    r.probe = "recovery";
+    r.sources = static_cast<int>(z.rec_sources);
+    r.rows = RoundToBlocks(z.rec_rows);
+    r.dir = data_dir + "/recovery";
+    // The simulator serves 10 blocks beyond what the data set holds.
+    res.raw["recovery"] = run.WithSim(r, r.rows + 10 * kLogsPerBlock, r.sources + 16);
+  }
+  if (wanted(6)) {
+    ProbeArgs a;
+    a.probe = "admin";
+    a.handoffd = run.handoffd().empty() ? "" : fs::absolute(run.handoffd()).string();
+    a.window_s = z.admin_window;
+    a.events = RoundToBlocks(z.admin_events);
+    res.raw["admin"] = run.WithSim(a, a.events, 16);
+  }
+  if (wanted(7)) {
+    ProbeArgs a;
+    a.probe = "idle";
+    a.sources = z.idle_sources;
+    a.window_s = z.idle_window;
+    a.events = 100;
+    res.raw["idle"] = run.WithSim(a, a.events, z.idle_sources + 16);
+  }
+
+  std::string history_path = absl::GetFlag(FLAGS_history);
+  if (history_path.empty()) history_path = absl::GetFlag(FLAGS_out_dir) + "/HISTORY.md";
+  res.history = ReadFile(history_path);
+  const std::string out_dir = absl::GetFlag(FLAGS_out_dir);
+  fs::create_directories(out_dir);
+  absl::Status s = WriteReport(res, out_dir);
+  fs::remove_all(scratch);
+  if (!s.ok()) {
+    std::fprintf(stderr, "handoff_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "handoff_bench: wrote %s/REPORT.md and report.json\n", out_dir.c_str());
+  return 0;
+}
+
+int RunChild() {
+  ProbeArgs a;
+  a.probe = absl::GetFlag(FLAGS_probe);
+  a.sim_url = absl::GetFlag(FLAGS_sim_url);
+  a.sink_target = absl::GetFlag(FLAGS_sink_target);
+  a.dir = absl::GetFlag(FLAGS_dir);
+  a.transport = absl::GetFlag(FLAGS_transport);
+  a.gate = absl::GetFlag(FLAGS_gate);
+  a.mode = absl::GetFlag(FLAGS_mode);
+  a.handoffd = absl::GetFlag(FLAGS_handoffd);
+  a.page = absl::GetFlag(FLAGS_page);
+  a.sources = absl::GetFlag(FLAGS_sources);
+  a.events = absl::GetFlag(FLAGS_events);
+  a.rows = absl::GetFlag(FLAGS_rows);
+  a.window_s = absl::GetFlag(FLAGS_window_s);
+  a.logs_per_block = absl::GetFlag(FLAGS_logs_per_block);
+  json r = RunProbe(a);
+  std::printf("%s\n", r.dump().c_str());
+  std::fflush(stdout);
+  return r.contains("error") ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace handoff::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (!absl::GetFlag(FLAGS_probe).empty()) return handoff::bench::RunChild();
+  return handoff::bench::RunAll();
+}

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs the harness in smoke mode and checks that the report names every scenario.
+# No timing assertion: the figures of a smoke run mean nothing.
+set -euo pipefail
+bench="$1"
+out="${TEST_TMPDIR}/report"
+mkdir -p "$out"
+"$bench" --smoke --out_dir="$out" --scratch="${TEST_TMPDIR}/scratch" \
+  --data_dir="${TEST_TMPDIR}/data" --history=/dev/null
+for f in REPORT.md report.json; do
+  [[ -s "$out/$f" ]] || { echo "missing $out/$f"; exit 1; }
+done
+for s in "1 end to end" "2 many sources" "3 external sink" "4 recovery" "5 memory" \
+         "6 admin latency" "7 idle cost"; do
+  grep -q "| $s |" "$out/REPORT.md" || { echo "REPORT.md lacks scenario '$s'"; cat "$out/REPORT.md"; exit 1; }
+done
+# Every probe must have produced figures, not an error.
+if grep -q "^## Failures" "$out/REPORT.md"; then
+  cat "$out/REPORT.md"
+  exit 1
+fi
+echo "smoke report OK"

@@ -1,0 +1,808 @@
+#include "bench/probes.h"
+
+#include <curl/curl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "consumer/observer.h"
+#include "consumer/provider/http_provider.h"
+#include "consumer/sinks/grpc_event_sink.h"
+#include "consumer/source_manager.h"
+#include "grpcpp/grpcpp.h"
+#include "handoff/v1/consumer_admin.grpc.pb.h"
+#include "handoff/v1/event_sink.grpc.pb.h"
+#include "rocksdb/db.h"
+#include "rocksdb/sst_file_writer.h"
+#include "sim/synthetic_chain.h"
+#include "store/keys.h"
+#include "store/records.pb.h"
+#include "store/store.h"
+
+extern char** environ;
+
+namespace handoff::bench {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+json Error(absl::string_view what, const absl::Status& s) {
+  return json{{"error", absl::StrCat(what, ": ", s.ToString())}};
+}
+json Error(absl::string_view what) { return json{{"error", std::string(what)}}; }
+
+double CpuSeconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+         (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+// Counts committed events per source (every durable step reports here) and notices halts.
+class CountingObserver : public consumer::EngineObserver {
+ public:
+  void OnCommit(absl::string_view id, int events, absl::Duration) override {
+    absl::MutexLock lock(&mu_);
+    if (commits_ == 0) first_commit_ = absl::Now();
+    ++commits_;
+    per_source_[std::string(id)] += events;
+    total_ += events;
+  }
+  void OnStateChange(absl::string_view id, handoff::v1::SourceState state,
+                     absl::string_view reason) override {
+    if (state >= handoff::v1::SOURCE_STATE_RESYNC_REQUIRED &&
+        state <= handoff::v1::SOURCE_STATE_STORAGE_FAILED) {
+      absl::MutexLock lock(&mu_);
+      if (error_.empty()) error_ = absl::StrCat("source ", id, " halted: ", reason);
+    }
+  }
+  // Waits until `target` events committed (true), a halt, or the deadline.
+  bool WaitTotal(int64_t target, absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    struct Args {
+      CountingObserver* self;
+      int64_t target;
+    } args{this, target};
+    mu_.AwaitWithDeadline(absl::Condition(
+                              +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                return a->self->total_ >= a->target || !a->self->error_.empty();
+                              },
+                              &args),
+                          deadline);
+    return total_ >= target;
+  }
+  bool WaitFirstCommit(absl::Time deadline) { return WaitTotal(1, deadline) || commits() > 0; }
+  int64_t total() {
+    absl::MutexLock lock(&mu_);
+    return total_;
+  }
+  int64_t commits() {
+    absl::MutexLock lock(&mu_);
+    return commits_;
+  }
+  absl::Time first_commit() {
+    absl::MutexLock lock(&mu_);
+    return first_commit_;
+  }
+  std::string error() {
+    absl::MutexLock lock(&mu_);
+    return error_;
+  }
+  std::map<std::string, int64_t> per_source() {
+    absl::MutexLock lock(&mu_);
+    return per_source_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int64_t total_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t commits_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time first_commit_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> per_source_ ABSL_GUARDED_BY(mu_);
+  std::string error_ ABSL_GUARDED_BY(mu_);
+};
+
+// handoffd's production factories, minus API keys (the simulator runs without a token).
+consumer::Factories BenchFactories() {
+  consumer::Factories f;
+  f.provider = [](const handoff::v1::SourceSpec& spec)
+      -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
+    consumer::HttpProviderOptions o;
+    o.base_url = spec.provider_url();
+    o.chain = spec.chain();
+    o.source = spec.source();
+    o.filter = spec.filter();
+    o.page_limit = spec.page_limit();
+    o.transport = spec.transport();
+    absl::StatusOr<std::unique_ptr<consumer::HttpProvider>> p =
+        consumer::HttpProvider::Create(std::move(o));
+    if (!p.ok()) return p.status();
+    return std::unique_ptr<consumer::Provider>(*std::move(p));
+  };
+  f.external_sink = [](const handoff::v1::SourceSpec& spec) {
+    return consumer::MakeExternalSink(spec);
+  };
+  return f;
+}
+
+handoff::v1::SourceSpec Spec(const std::string& id, const ProbeArgs& a, const std::string& source) {
+  handoff::v1::SourceSpec spec;
+  spec.set_id(id);
+  spec.set_provider_url(a.sim_url);
+  spec.set_chain("sim");
+  spec.set_source(source);
+  spec.set_filter("all");
+  spec.set_transport(a.transport == "sse" ? handoff::v1::TRANSPORT_SSE
+                                          : handoff::v1::TRANSPORT_POLL);
+  spec.mutable_start()->set_block(0);
+  spec.set_page_limit(a.page);
+  spec.mutable_sink()->mutable_local_rows();
+  return spec;
+}
+
+struct Engine {
+  std::unique_ptr<store::Store> store;
+  std::unique_ptr<consumer::SourceManager> manager;
+  ~Engine() {
+    if (manager != nullptr) manager->Shutdown();
+    manager.reset();
+    store.reset();
+  }
+};
+
+absl::Status StartEngine(const std::string& path, bool sync, consumer::EngineObserver* observer,
+                         Engine* engine) {
+  store::StoreOptions so;
+  so.path = path;
+  so.sync = sync;
+  absl::StatusOr<std::unique_ptr<store::Store>> st = store::Store::Open(so);
+  if (!st.ok()) return st.status();
+  engine->store = *std::move(st);
+  consumer::SourceManagerOptions mo;
+  mo.store = engine->store.get();
+  mo.factories = BenchFactories();
+  mo.observer = observer;
+  mo.max_sources = 100000;
+  absl::StatusOr<std::unique_ptr<consumer::SourceManager>> m =
+      consumer::SourceManager::Create(std::move(mo));
+  if (!m.ok()) return m.status();
+  engine->manager = *std::move(m);
+  return absl::OkStatus();
+}
+
+// ---- simulator alone: a plain libcurl client following `next`, body discarded ----
+
+size_t Collect(char* data, size_t size, size_t n, void* user) {
+  static_cast<std::string*>(user)->append(data, size * n);
+  return size * n;
+}
+
+json SimAlone(const ProbeArgs& a) {
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  CURL* curl = curl_easy_init();
+  std::string body, cursor = "0";
+  body.reserve(8 << 20);
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &Collect);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &body);
+  curl_easy_setopt(curl, CURLOPT_TCP_NODELAY, 1L);
+  const int64_t pages = std::max<int64_t>(1, a.events / a.page);
+  size_t bytes = 0;
+  const absl::Time t0 = absl::Now();
+  for (int64_t i = 0; i < pages; ++i) {
+    std::string url = absl::StrCat(a.sim_url, "/v1/pages?chain=sim&source=alone&filter=all&limit=",
+                                   a.page, "&from=", cursor);
+    body.clear();
+    curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+    long status = 0;
+    if (curl_easy_perform(curl) != CURLE_OK ||
+        curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status) != CURLE_OK || status != 200) {
+      curl_easy_cleanup(curl);
+      return Error("simulator request failed");
+    }
+    bytes += body.size();
+    size_t at = body.find("\"next\":\"");
+    size_t end = body.find('"', at + 8);
+    if (at == std::string::npos || end == std::string::npos) return Error("page without next");
+    cursor = body.substr(at + 8, end - at - 8);
+  }
+  const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+  curl_easy_cleanup(curl);
+  return json{{"pages", pages},        {"events", pages * a.page},
+              {"seconds", secs},       {"events_per_s", pages * a.page / secs},
+              {"pages_per_s", pages / secs}, {"bytes_per_page", bytes / pages}};
+}
+
+// ---- the bare RocksDB loop: the same rows, options and sync policy, no engine ----
+
+std::vector<std::string> TemplateRows(int logs_per_block, uint64_t blocks) {
+  sim::ChainOptions co;
+  co.initial_head = blocks + 10;
+  co.logs_per_block = logs_per_block;
+  sim::SyntheticChain chain(co);
+  std::vector<std::string> out;
+  for (const handoff::v1::EventRow& row : chain.Canonical(0, blocks - 1)) {
+    out.push_back(row.SerializeAsString());
+  }
+  return out;
+}
+
+json BareRocks(const ProbeArgs& a) {
+  const std::vector<std::string> rows = TemplateRows(a.logs_per_block, 2000);
+  store::StoreOptions so;
+  so.path = a.dir + "/bare";
+  so.sync = a.sync;
+  store::RocksOptions ro = store::StoreRocksOptions(so);
+  rocksdb::DB* raw = nullptr;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::Status s = rocksdb::DB::Open(ro.db, so.path, ro.families, &handles, &raw);
+  if (!s.ok()) return Error(absl::StrCat("open: ", s.ToString()));
+  std::unique_ptr<rocksdb::DB> db(raw);
+  rocksdb::ColumnFamilyHandle* rows_cf = nullptr;
+  rocksdb::ColumnFamilyHandle* cp_cf = nullptr;
+  for (size_t i = 0; i < ro.families.size(); ++i) {
+    if (ro.families[i].name == "rows") rows_cf = handles[i];
+    if (ro.families[i].name == "checkpoints") cp_cf = handles[i];
+  }
+  store::CheckpointRecord cp;
+  cp.set_resume_cursor(std::string(43, 'c'));
+  cp.set_identity_hash(std::string(64, 'f'));
+  cp.set_version(1);
+  rocksdb::WriteOptions wo;
+  wo.sync = a.sync;
+  const int per_batch = 1000;
+  size_t bytes = 0;
+  const absl::Time t0 = absl::Now();
+  int64_t done = 0;
+  while (done < a.events) {
+    rocksdb::WriteBatch batch;
+    for (int k = 0; k < per_batch && done < a.events; ++k, ++done) {
+      const std::string& v = rows[done % rows.size()];
+      Position pos{static_cast<uint64_t>(done / a.logs_per_block),
+                   static_cast<uint64_t>(done % a.logs_per_block)};
+      batch.Put(rows_cf, store::keys::Positional("bare", pos), v);
+      bytes += v.size();
+    }
+    cp.set_version(cp.version() + 1);
+    cp.set_applied_block(done / a.logs_per_block);
+    cp.mutable_counters()->set_applied(done);
+    batch.Put(cp_cf, store::keys::Checkpoint("bare", store::Stage::kIngest),
+              cp.SerializeAsString());
+    s = db->Write(wo, &batch);
+    if (!s.ok()) return Error(absl::StrCat("write: ", s.ToString()));
+  }
+  const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+  for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
+  db->Close().PermitUncheckedError();
+  return json{{"events", done},
+              {"seconds", secs},
+              {"events_per_s", done / secs},
+              {"row_bytes", bytes / std::max<int64_t>(1, done)},
+              {"mb_per_s", bytes / secs / 1e6}};
+}
+
+// ---- end to end: simulator over HTTP -> SourceManager -> durable local rows ----
+
+json E2e(const ProbeArgs& a) {
+  CountingObserver obs;
+  Engine engine;
+  absl::Status s = StartEngine(a.dir + "/db", a.sync, &obs, &engine);
+  if (!s.ok()) return Error("engine", s);
+  std::vector<std::string> ids;
+  for (int i = 0; i < a.sources; ++i) {
+    handoff::v1::CreateSourceRequest req;
+    const std::string id = absl::StrCat("e2e-", i);
+    *req.mutable_spec() = Spec(id, a, absl::StrCat("s", i));
+    req.set_start(false);
+    absl::StatusOr<handoff::v1::Source> src = engine.manager->CreateSource(req);
+    if (!src.ok()) return Error("create source", src.status());
+    ids.push_back(id);
+  }
+  const double cpu0 = CpuSeconds();
+  const absl::Time t0 = absl::Now();
+  for (const std::string& id : ids) {
+    absl::StatusOr<handoff::v1::Source> src = engine.manager->StartSource(id);
+    if (!src.ok()) return Error("start source", src.status());
+  }
+  const int64_t target = a.events * a.sources;
+  const absl::Time deadline = t0 + absl::Minutes(10);
+  obs.WaitTotal(target / 2, deadline);
+  const double half_secs = absl::ToDoubleSeconds(absl::Now() - t0);
+  std::map<std::string, int64_t> half = obs.per_source();
+  const bool done = obs.WaitTotal(target, deadline);
+  const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+  const double cpu = CpuSeconds() - cpu0;
+  if (!done) {
+    return Error(absl::StrCat("incomplete: ", obs.total(), " of ", target, " events; ",
+                              obs.error()));
+  }
+  int64_t mn = target, mx = 0;
+  for (const std::string& id : ids) {
+    int64_t v = half.count(id) ? half[id] : 0;
+    mn = std::min(mn, v);
+    mx = std::max(mx, v);
+  }
+  return json{{"events", obs.total()},
+              {"seconds", secs},
+              {"events_per_s", obs.total() / secs},
+              {"commits", obs.commits()},
+              {"events_per_commit", static_cast<double>(obs.total()) / obs.commits()},
+              {"cpu_seconds", cpu},
+              {"per_source_min_eps", mn / half_secs},
+              {"per_source_max_eps", mx / half_secs},
+              {"fairness", mx > 0 ? static_cast<double>(mn) / mx : 0.0}};
+}
+
+// ---- the sample sink called directly: the delivery limit ----
+
+void FillApply(handoff::v1::ApplyRequest* r, const std::string& run, int64_t i,
+               const std::vector<handoff::v1::EventRow>& rows) {
+  r->set_source_id("direct");
+  r->set_idempotency_key(absl::StrCat("direct/", run, "/", i));
+  *r->mutable_event() = rows[i % rows.size()];
+  r->set_finality(handoff::v1::FINALITY_FINALIZED);
+}
+
+json SinkDirect(const ProbeArgs& a) {
+  sim::ChainOptions co;
+  co.initial_head = 110;
+  co.logs_per_block = a.logs_per_block;
+  sim::SyntheticChain chain(co);
+  const std::vector<handoff::v1::EventRow> rows = chain.Canonical(0, 99);
+  const std::string run = absl::StrCat(absl::ToUnixMicros(absl::Now()));
+  auto channel = grpc::CreateChannel(a.sink_target, grpc::InsecureChannelCredentials());
+  auto stub = handoff::v1::EventSink::NewStub(channel);
+  if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
+    return Error("cannot connect to the sink");
+  }
+  int64_t errors = 0;
+  const absl::Time t0 = absl::Now();
+  if (a.mode == "single") {
+    handoff::v1::ApplyRequest req;
+    handoff::v1::ApplyResponse resp;
+    for (int64_t i = 0; i < a.events; ++i) {
+      req.Clear();
+      FillApply(&req, run, i, rows);
+      grpc::ClientContext ctx;
+      if (!stub->Apply(&ctx, req, &resp).ok() ||
+          resp.outcome() != handoff::v1::APPLY_OUTCOME_APPLIED) {
+        ++errors;
+      }
+    }
+  } else {
+    handoff::v1::ApplyBatchRequest req;
+    handoff::v1::ApplyBatchResponse resp;
+    for (int64_t first = 0; first < a.events; first += 256) {
+      req.Clear();
+      for (int64_t i = first; i < std::min<int64_t>(a.events, first + 256); ++i) {
+        FillApply(req.add_events(), run, i, rows);
+      }
+      grpc::ClientContext ctx;
+      if (!stub->ApplyBatch(&ctx, req, &resp).ok()) errors += req.events_size();
+    }
+  }
+  const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+  if (errors > 0) return Error(absl::StrCat(errors, " failed deliveries"));
+  return json{{"events", a.events}, {"seconds", secs}, {"events_per_s", a.events / secs}};
+}
+
+// ---- external deliveries through the engine ----
+
+json SinkE2e(const ProbeArgs& a) {
+  CountingObserver obs;
+  Engine engine;
+  absl::Status s = StartEngine(a.dir + "/db", a.sync, &obs, &engine);
+  if (!s.ok()) return Error("engine", s);
+  handoff::v1::CreateSourceRequest req;
+  const std::string id = absl::StrCat("sink-", a.mode, "-", a.gate);
+  handoff::v1::SourceSpec spec = Spec(id, a, "sink");
+  auto* down = spec.mutable_sink()->mutable_downstream();
+  down->set_target(a.sink_target);
+  down->set_batch(a.mode == "batch");
+  down->set_max_batch(256);
+  spec.mutable_sink()->set_gate(a.gate == "finalized" ? handoff::v1::DELIVERY_GATE_FINALIZED
+                                                      : handoff::v1::DELIVERY_GATE_IMMEDIATE);
+  *req.mutable_spec() = spec;
+  req.set_start(true);
+  // Ingest commits `events` events; with a gate, deliveries commit the finalized prefix
+  // again in the delivery stage.
+  const int64_t head = a.events / a.logs_per_block - 1;
+  const int64_t delivered = a.gate == "finalized" ? (head - a.finality_lag + 1) * a.logs_per_block
+                                                  : a.events;
+  const int64_t target = a.gate == "finalized" ? a.events + delivered : a.events;
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<handoff::v1::Source> src = engine.manager->CreateSource(req);
+  if (!src.ok()) return Error("create source", src.status());
+  const bool done = obs.WaitTotal(target, t0 + absl::Minutes(10));
+  const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+  if (!done) {
+    return Error(absl::StrCat("incomplete: ", obs.total(), " of ", target, "; ", obs.error()));
+  }
+  return json{{"events", delivered}, {"seconds", secs}, {"events_per_s", delivered / secs}};
+}
+
+// ---- recovery: 100 sources, 10 million receipts on disk ----
+
+handoff::v1::SourceSpec RecoverySpec(const std::string& id, const std::string& url) {
+  ProbeArgs a;
+  a.sim_url = url;
+  return Spec(id, a, id);
+}
+
+std::string RecoveryId(int i) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "rec-%03d", i);
+  return buf;
+}
+
+struct RawDb {
+  std::unique_ptr<rocksdb::DB> db;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  std::map<std::string, rocksdb::ColumnFamilyHandle*> cf;
+  store::RocksOptions ro;
+  ~RawDb() {
+    if (db == nullptr) return;
+    for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
+    db->Close().PermitUncheckedError();
+  }
+};
+
+absl::Status OpenRaw(const std::string& path, RawDb* out) {
+  store::StoreOptions so;
+  so.path = path;
+  out->ro = store::StoreRocksOptions(so);
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(out->ro.db, path, out->ro.families, &out->handles, &raw);
+  if (!s.ok()) return absl::InternalError(s.ToString());
+  out->db.reset(raw);
+  for (size_t i = 0; i < out->ro.families.size(); ++i) {
+    out->cf[out->ro.families[i].name] = out->handles[i];
+  }
+  return absl::OkStatus();
+}
+
+// Writes the data set with a bulk loader: one sorted SST file of rows per source,
+// ingested straight into the bottom level (no WAL, no memtable, no compaction).
+absl::Status GenerateRecoveryData(const ProbeArgs& a, const std::string& db_path) {
+  fs::remove_all(db_path);
+  {
+    store::StoreOptions so;
+    so.path = db_path;
+    absl::StatusOr<std::unique_ptr<store::Store>> st = store::Store::Open(so);  // schema
+    if (!st.ok()) return st.status();
+  }
+  RawDb raw;
+  absl::Status os = OpenRaw(db_path, &raw);
+  if (!os.ok()) return os;
+  const uint64_t blocks = a.rows / a.logs_per_block;
+  size_t rows_cf_index = 0;
+  for (size_t i = 0; i < raw.ro.families.size(); ++i) {
+    if (raw.ro.families[i].name == "rows") rows_cf_index = i;
+  }
+  rocksdb::Options sst_options(raw.ro.db, raw.ro.families[rows_cf_index].options);
+  handoff::v1::EventRow row;
+  row.set_address("0x00000000000000000000000000000000deadbeef");
+  row.add_topics("0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef");
+  row.set_data(absl::StrCat("0x", std::string(128, 'a')));
+  row.set_transaction_hash(absl::StrCat("0x", std::string(64, 'b')));
+  for (int i = 0; i < a.sources; ++i) {
+    const std::string id = RecoveryId(i);
+    const std::string file = absl::StrCat(db_path, "/../ingest-", i, ".sst");
+    rocksdb::SstFileWriter writer(rocksdb::EnvOptions(), sst_options);
+    rocksdb::Status s = writer.Open(file);
+    if (!s.ok()) return absl::InternalError(s.ToString());
+    std::string value;
+    for (uint64_t b = 0; b < blocks; ++b) {
+      row.set_block_hash(absl::StrCat("0x", absl::Hex(b * 2654435761u + i, absl::kZeroPad16),
+                                      std::string(48, '0')));
+      row.set_block_number(b);
+      for (int l = 0; l < a.logs_per_block; ++l) {
+        row.set_log_index(l);
+        row.set_transaction_index(l);
+        value.clear();
+        row.SerializeToString(&value);
+        s = writer.Put(store::keys::Positional(id, Position{b, static_cast<uint64_t>(l)}), value);
+        if (!s.ok()) return absl::InternalError(s.ToString());
+      }
+    }
+    s = writer.Finish();
+    if (!s.ok()) return absl::InternalError(s.ToString());
+    rocksdb::IngestExternalFileOptions io;
+    io.move_files = true;
+    s = raw.db->IngestExternalFile(raw.cf["rows"], {file}, io);
+    if (!s.ok()) return absl::InternalError(s.ToString());
+  }
+  return absl::OkStatus();
+}
+
+// Points every source of the data set at this run's simulator and rewinds it to the end
+// of the generated rows (dropping what an earlier run committed beyond them).
+absl::Status PrepareRecoveryRun(const ProbeArgs& a, const std::string& db_path) {
+  RawDb raw;
+  absl::Status os = OpenRaw(db_path, &raw);
+  if (!os.ok()) return os;
+  const uint64_t blocks = a.rows / a.logs_per_block;
+  rocksdb::WriteBatch batch;
+  for (int i = 0; i < a.sources; ++i) {
+    const std::string id = RecoveryId(i);
+    handoff::v1::Source source;
+    *source.mutable_spec() = RecoverySpec(id, a.sim_url);
+    source.set_desired_running(true);
+    source.mutable_progress()->set_state(handoff::v1::SOURCE_STATE_STOPPED);
+    batch.Put(raw.cf["sources"], store::keys::Source(id), source.SerializeAsString());
+    store::CheckpointRecord cp;
+    cp.set_resume_cursor(std::to_string(blocks));
+    cp.set_version(1);
+    cp.set_has_applied(true);
+    cp.set_applied_block(blocks - 1);
+    cp.set_applied_log_index(a.logs_per_block - 1);
+    cp.set_identity_hash(store::IdentityHash(source.spec()));
+    cp.set_has_covered(true);
+    cp.set_covered_through(blocks - 1);
+    cp.mutable_counters()->set_applied(a.rows);
+    batch.Put(raw.cf["checkpoints"], store::keys::Checkpoint(id, store::Stage::kIngest),
+              cp.SerializeAsString());
+    batch.DeleteRange(raw.cf["rows"], store::keys::Positional(id, Position{blocks, 0}),
+                      store::keys::PrefixSuccessor(store::keys::SourcePrefix(id)));
+  }
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  rocksdb::Status s = raw.db->Write(wo, &batch);
+  if (s.ok()) s = raw.db->Flush(rocksdb::FlushOptions(), raw.handles);
+  return s.ok() ? absl::OkStatus() : absl::InternalError(s.ToString());
+}
+
+json Recovery(const ProbeArgs& a) {
+  const std::string db_path = a.dir + "/db";
+  const std::string marker = a.dir + "/dataset.json";
+  const json want{{"sources", a.sources}, {"rows", a.rows}, {"lpb", a.logs_per_block},
+                  {"format", 1}};
+  double gen_secs = 0;
+  bool cached = false;
+  {
+    std::ifstream in(marker);
+    json have;
+    if (in) {
+      std::stringstream ss;
+      ss << in.rdbuf();
+      have = json::parse(ss.str(), nullptr, false);
+    }
+    cached = have == want;
+  }
+  if (!cached) {
+    fs::create_directories(a.dir);
+    fs::remove(marker);
+    const absl::Time g0 = absl::Now();
+    absl::Status s = GenerateRecoveryData(a, db_path);
+    if (!s.ok()) return Error("generate data set", s);
+    gen_secs = absl::ToDoubleSeconds(absl::Now() - g0);
+    std::ofstream(marker) << want.dump();
+  }
+  absl::Status s = PrepareRecoveryRun(a, db_path);
+  if (!s.ok()) return Error("prepare", s);
+
+  CountingObserver obs;
+  const absl::Time t0 = absl::Now();
+  store::StoreOptions so;
+  so.path = db_path;
+  absl::StatusOr<std::unique_ptr<store::Store>> st = store::Store::Open(so);
+  if (!st.ok()) return Error("open", st.status());
+  const absl::Time t_open = absl::Now();
+  Engine engine;
+  engine.store = *std::move(st);
+  consumer::SourceManagerOptions mo;
+  mo.store = engine.store.get();
+  mo.factories = BenchFactories();
+  mo.observer = &obs;
+  absl::StatusOr<std::unique_ptr<consumer::SourceManager>> m =
+      consumer::SourceManager::Create(std::move(mo));
+  if (!m.ok()) return Error("create", m.status());
+  engine.manager = *std::move(m);
+  s = engine.manager->Recover();
+  if (!s.ok()) return Error("recover", s);
+  const absl::Time t_recover = absl::Now();
+  if (!obs.WaitFirstCommit(t0 + absl::Seconds(60))) {
+    return Error(absl::StrCat("no commit after recovery; ", obs.error()));
+  }
+  const absl::Time t_commit = obs.first_commit();
+  uint64_t sst_bytes = 0;
+  for (const auto& e : fs::directory_iterator(db_path)) {
+    if (e.path().extension() == ".sst") sst_bytes += e.file_size();
+  }
+  return json{{"sources", a.sources},
+              {"receipts", a.rows * a.sources},
+              {"dataset_cached", cached},
+              {"generate_seconds", gen_secs},
+              {"db_bytes", sst_bytes},
+              {"open_seconds", absl::ToDoubleSeconds(t_open - t0)},
+              {"recover_seconds", absl::ToDoubleSeconds(t_recover - t0)},
+              {"first_commit_seconds", absl::ToDoubleSeconds(t_commit - t0)}};
+}
+
+// ---- admin latency: GetProgress over real gRPC while handoffd ingests ----
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = static_cast<size_t>(p * (v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+json LatencyJson(const std::vector<double>& us) {
+  return json{{"calls", us.size()},
+              {"p50_ms", Percentile(us, 0.5) / 1000},
+              {"p99_ms", Percentile(us, 0.99) / 1000},
+              {"max_ms", Percentile(us, 1.0) / 1000}};
+}
+
+json AdminInProcess(const ProbeArgs& a) {
+  CountingObserver obs;
+  Engine engine;
+  absl::Status s = StartEngine(a.dir + "/db", a.sync, &obs, &engine);
+  if (!s.ok()) return Error("engine", s);
+  handoff::v1::CreateSourceRequest req;
+  *req.mutable_spec() = Spec("admin-0", a, "admin");
+  req.set_start(true);
+  if (!engine.manager->CreateSource(req).ok()) return Error("create source");
+  obs.WaitFirstCommit(absl::Now() + absl::Seconds(30));
+  std::vector<double> us;
+  const int64_t before = obs.total();
+  const absl::Time end = absl::Now() + absl::Seconds(a.window_s);
+  while (absl::Now() < end) {
+    const absl::Time c0 = absl::Now();
+    if (!engine.manager->GetProgress("admin-0").ok()) return Error("GetProgress failed");
+    us.push_back(absl::ToDoubleMicroseconds(absl::Now() - c0));
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  json out = LatencyJson(us);
+  out["transport"] = "in-process SourceManager::GetProgress (no handoffd binary given)";
+  out["ingest_events_per_s"] = (obs.total() - before) / a.window_s;
+  return out;
+}
+
+json Admin(const ProbeArgs& a) {
+  if (a.handoffd.empty() || !fs::exists(a.handoffd)) return AdminInProcess(a);
+  fs::create_directories(a.dir + "/handoffd");
+  const std::string port_file = a.dir + "/handoffd/ports";
+  std::vector<std::string> args = {a.handoffd,
+                                    "--listen=127.0.0.1:0",
+                                    "--port_file=" + port_file,
+                                    "--data_dir=" + a.dir + "/handoffd",
+                                    "--insecure_disable_auth",
+                                    "--log_level=error"};
+  std::vector<char*> argv;
+  for (std::string& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
+    return Error("cannot start handoffd");
+  }
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      kill(pid, SIGTERM);
+      int st = 0;
+      waitpid(pid, &st, 0);
+    }
+  } reaper{pid};
+  int port = 0;
+  for (int i = 0; i < 1500 && port == 0; ++i) {
+    std::ifstream in(port_file);
+    std::string name;
+    int p = 0;
+    while (in >> name >> p) {
+      if (name == "grpc") port = p;
+    }
+    if (port == 0) absl::SleepFor(absl::Milliseconds(20));
+  }
+  if (port == 0) return Error("handoffd wrote no port file");
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = handoff::v1::ConsumerAdmin::NewStub(channel);
+  handoff::v1::CreateSourceRequest req;
+  *req.mutable_spec() = Spec("admin-0", a, "admin");
+  req.set_start(true);
+  handoff::v1::Source created;
+  {
+    grpc::ClientContext ctx;
+    grpc::Status gs = stub->CreateSource(&ctx, req, &created);
+    if (!gs.ok()) return Error(absl::StrCat("CreateSource: ", gs.error_message()));
+  }
+  handoff::v1::GetProgressRequest preq;
+  preq.set_source_id("admin-0");
+  handoff::v1::Progress progress;
+  auto applied = [&]() -> int64_t {
+    grpc::ClientContext ctx;
+    if (!stub->GetProgress(&ctx, preq, &progress).ok()) return -1;
+    return progress.counters().applied();
+  };
+  // Wait until ingest runs at full speed.
+  for (int i = 0; i < 1000 && applied() < 10000; ++i) absl::SleepFor(absl::Milliseconds(5));
+  const int64_t before = applied();
+  std::vector<double> us;
+  const absl::Time t0 = absl::Now();
+  const absl::Time end = t0 + absl::Seconds(a.window_s);
+  while (absl::Now() < end) {
+    grpc::ClientContext ctx;
+    const absl::Time c0 = absl::Now();
+    grpc::Status gs = stub->GetProgress(&ctx, preq, &progress);
+    us.push_back(absl::ToDoubleMicroseconds(absl::Now() - c0));
+    if (!gs.ok()) return Error(absl::StrCat("GetProgress: ", gs.error_message()));
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+  const int64_t after = progress.counters().applied();
+  json out = LatencyJson(us);
+  out["transport"] = "gRPC loopback to handoffd";
+  out["ingest_events_per_s"] = (after - before) / secs;
+  out["ingest_still_running"] = after < a.events;
+  return out;
+}
+
+// ---- idle: many sources, nothing new upstream ----
+
+json Idle(const ProbeArgs& a) {
+  CountingObserver obs;
+  Engine engine;
+  absl::Status s = StartEngine(a.dir + "/db", a.sync, &obs, &engine);
+  if (!s.ok()) return Error("engine", s);
+  for (int i = 0; i < a.sources; ++i) {
+    handoff::v1::CreateSourceRequest req;
+    *req.mutable_spec() = Spec(absl::StrCat("idle-", i), a, absl::StrCat("s", i));
+    req.set_start(true);
+    absl::StatusOr<handoff::v1::Source> src = engine.manager->CreateSource(req);
+    if (!src.ok()) return Error("create source", src.status());
+  }
+  const int64_t target = a.events * a.sources;
+  if (!obs.WaitTotal(target, absl::Now() + absl::Minutes(5))) {
+    return Error(absl::StrCat("sources did not catch up: ", obs.total(), " of ", target, "; ",
+                              obs.error()));
+  }
+  // Settle: let every worker reach its capped backoff, as a long idle period would.
+  absl::SleepFor(absl::Seconds(a.window_s * 2));
+  const double cpu0 = CpuSeconds();
+  const absl::Time t0 = absl::Now();
+  absl::SleepFor(absl::Seconds(a.window_s));
+  const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
+  const double cpu = CpuSeconds() - cpu0;
+  return json{{"sources", a.sources},
+              {"window_seconds", wall},
+              {"cpu_seconds", cpu},
+              {"core_fraction", cpu / wall}};
+}
+
+}  // namespace
+
+json RunProbe(const ProbeArgs& a) {
+  if (a.probe == "sim_alone") return SimAlone(a);
+  if (a.probe == "bare_rocks") return BareRocks(a);
+  if (a.probe == "e2e") return E2e(a);
+  if (a.probe == "sink_direct") return SinkDirect(a);
+  if (a.probe == "sink_e2e") return SinkE2e(a);
+  if (a.probe == "recovery") return Recovery(a);
+  if (a.probe == "admin") return Admin(a);
+  if (a.probe == "idle") return Idle(a);
+  return Error(absl::StrCat("unknown probe '", a.probe, "'"));
+}
+
+}  // namespace handoff::bench

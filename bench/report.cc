@@ -1,0 +1,355 @@
+#include "bench/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace handoff::bench {
+namespace {
+
+using nlohmann::json;
+
+struct Row {
+  std::string scenario;
+  std::string what;
+  std::string measured;
+  std::string limit;
+  std::string ratio;
+  std::string goal;
+  std::string met;  // "yes", "no", "-" (no goal), "n/a" (not run / failed)
+};
+
+class Figures {
+ public:
+  explicit Figures(const json& raw) : raw_(raw) {}
+  std::optional<double> Get(const std::string& probe, const std::string& field) const {
+    if (!raw_.contains(probe)) return std::nullopt;
+    const json& p = raw_[probe];
+    if (p.contains("error") || !p.contains(field) || !p[field].is_number()) return std::nullopt;
+    return p[field].get<double>();
+  }
+  std::string ErrorOf(const std::string& probe) const {
+    if (!raw_.contains(probe)) return "not run";
+    if (raw_[probe].contains("error")) return raw_[probe]["error"].get<std::string>();
+    return "";
+  }
+
+ private:
+  const json& raw_;
+};
+
+std::string Eps(std::optional<double> v) {
+  if (!v) return "n/a";
+  if (*v >= 1000) return absl::StrFormat("%.1fk ev/s", *v / 1000);
+  return absl::StrFormat("%.0f ev/s", *v);
+}
+std::string Num(std::optional<double> v, const char* fmt = "%.2f") {
+  return v ? absl::StrFormat(fmt, *v) : "n/a";
+}
+std::optional<double> Div(std::optional<double> a, std::optional<double> b) {
+  if (!a || !b || *b == 0) return std::nullopt;
+  return *a / *b;
+}
+std::string YesNo(std::optional<bool> b) { return !b ? "n/a" : (*b ? "yes" : "no"); }
+
+// Least squares fit of rss = a + b*S + c*S*P (S sources, P page items).
+struct MemoryFit {
+  bool ok = false;
+  double a = 0, b = 0, c = 0;
+  struct Point {
+    std::string probe;
+    double s, p, rss;
+  };
+  std::vector<Point> points;
+  double Predict(double s, double p) const { return a + b * s + c * s * p; }
+};
+
+MemoryFit FitMemory(const json& raw) {
+  MemoryFit fit;
+  for (const auto& [name, v] : raw.items()) {
+    if (v.contains("error") || !v.contains("peak_rss_mb")) continue;
+    double s = 0, p = 0;
+    if (name == "e2e_poll_p1000") s = 1, p = 1000;
+    else if (name == "e2e_poll_p100") s = 1, p = 100;
+    else if (name.rfind("many_", 0) == 0) s = std::stod(name.substr(5)), p = 1000;
+    else if (name.rfind("mem_", 0) == 0) s = std::stod(name.substr(4)), p = 100;
+    else continue;
+    fit.points.push_back({name, s, p, v["peak_rss_mb"].get<double>()});
+  }
+  if (fit.points.size() < 3) return fit;
+  // Normal equations for x = (a, b, c) with rows (1, S, S*P).
+  double m[3][4] = {{0}};
+  for (const auto& pt : fit.points) {
+    const double r[3] = {1, pt.s, pt.s * pt.p};
+    for (int i = 0; i < 3; ++i) {
+      for (int j = 0; j < 3; ++j) m[i][j] += r[i] * r[j];
+      m[i][3] += r[i] * pt.rss;
+    }
+  }
+  for (int i = 0; i < 3; ++i) {
+    int piv = i;
+    for (int k = i + 1; k < 3; ++k) {
+      if (std::fabs(m[k][i]) > std::fabs(m[piv][i])) piv = k;
+    }
+    if (std::fabs(m[piv][i]) < 1e-12) return fit;
+    for (int j = 0; j < 4; ++j) std::swap(m[i][j], m[piv][j]);
+    for (int k = 0; k < 3; ++k) {
+      if (k == i) continue;
+      const double f = m[k][i] / m[i][i];
+      for (int j = 0; j < 4; ++j) m[k][j] -= f * m[i][j];
+    }
+  }
+  fit.a = m[0][3] / m[0][0];
+  fit.b = m[1][3] / m[1][1];
+  fit.c = m[2][3] / m[2][2];
+  fit.ok = true;
+  return fit;
+}
+
+std::vector<Row> BuildRows(const json& raw, const MemoryFit& fit) {
+  Figures f(raw);
+  std::vector<Row> rows;
+  const auto bare = f.Get("bare_rocks", "events_per_s");
+  const auto sim1000 = f.Get("sim_alone_p1000", "events_per_s");
+  const auto sim100 = f.Get("sim_alone_p100", "events_per_s");
+  for (const char* t : {"poll", "sse"}) {
+    for (int page : {1000, 100}) {
+      const std::string probe = absl::StrCat("e2e_", t, "_p", page);
+      const auto v = f.Get(probe, "events_per_s");
+      const auto ratio = Div(v, bare);
+      Row r;
+      r.scenario = "1 end to end";
+      r.what = absl::StrCat(t == std::string("poll") ? "poll" : "SSE", ", 1 source, pages of ",
+                            page, ", local rows, sync");
+      r.measured = Eps(v);
+      r.limit = absl::StrCat("bare RocksDB ", Eps(bare), "; simulator alone ",
+                             Eps(page == 1000 ? sim1000 : sim100));
+      r.ratio = Num(ratio);
+      if (page == 1000) {
+        r.goal = ">= 150k ev/s and >= 0.80 of bare RocksDB";
+        r.met = YesNo(v && ratio ? std::optional<bool>(*v >= 150000 && *ratio >= 0.8)
+                                 : std::nullopt);
+      } else {
+        r.goal = "-";
+        r.met = "-";
+      }
+      rows.push_back(r);
+    }
+  }
+  const auto one = f.Get("many_1", "events_per_s");
+  std::vector<std::string> many;
+  for (const auto& [name, v] : raw.items()) {
+    if (name.rfind("many_", 0) == 0) many.push_back(name);
+  }
+  std::sort(many.begin(), many.end(), [](const std::string& x, const std::string& y) {
+    return std::stoi(x.substr(5)) < std::stoi(y.substr(5));
+  });
+  for (size_t i = 0; i < many.size(); ++i) {
+    const std::string& name = many[i];
+    const auto v = f.Get(name, "events_per_s");
+    Row r;
+    r.scenario = "2 many sources";
+    r.what = absl::StrCat(name.substr(5), " sources, poll, pages of 1000 (fairness min/max ",
+                          Num(f.Get(name, "fairness")), ", ",
+                          Num(f.Get(name, "events_per_commit"), "%.0f"), " ev/commit)");
+    r.measured = Eps(v);
+    r.limit = absl::StrCat("1 source ", Eps(one), "; bare RocksDB ", Eps(bare));
+    r.ratio = Num(Div(v, one));
+    const bool largest = i + 1 == many.size() && many.size() > 1;
+    r.goal = largest ? ">= the 1-source figure (group commit)" : "-";
+    r.met = largest ? YesNo(v && one ? std::optional<bool>(*v >= *one) : std::nullopt) : "-";
+    rows.push_back(r);
+  }
+  for (const char* mode : {"single", "batch"}) {
+    const auto direct = f.Get(absl::StrCat("sink_direct_", mode), "events_per_s");
+    for (const char* gate : {"immediate", "finalized"}) {
+      const auto v = f.Get(absl::StrCat("sink_", mode, "_", gate), "events_per_s");
+      const auto ratio = Div(v, direct);
+      Row r;
+      r.scenario = "3 external sink";
+      r.what = absl::StrCat(mode == std::string("single") ? "single Apply" : "ApplyBatch of 256",
+                            ", ", gate == std::string("immediate") ? "IMMEDIATE" : "FINALIZED",
+                            " gate");
+      r.measured = Eps(v);
+      r.limit = absl::StrCat("sink called directly ", Eps(direct));
+      r.ratio = Num(ratio);
+      const bool batch = mode == std::string("batch");
+      r.goal = batch ? ">= 0.70 of the sink's own speed" : "-";
+      r.met = batch ? YesNo(ratio ? std::optional<bool>(*ratio >= 0.7) : std::nullopt) : "-";
+      rows.push_back(r);
+    }
+  }
+  {
+    const auto v = f.Get("recovery", "first_commit_seconds");
+    Row r;
+    r.scenario = "4 recovery";
+    r.what = absl::StrCat("start to first new commit, ", Num(f.Get("recovery", "sources"), "%.0f"),
+                          " sources, ", Num(f.Get("recovery", "receipts"), "%.0f"),
+                          " receipts on disk (open ", Num(f.Get("recovery", "open_seconds"), "%.3f"),
+                          " s, Recover done ", Num(f.Get("recovery", "recover_seconds"), "%.3f"),
+                          " s)");
+    r.measured = v ? absl::StrFormat("%.3f s", *v) : "n/a";
+    r.limit = "-";
+    r.ratio = "-";
+    r.goal = "< 1 s";
+    r.met = YesNo(v ? std::optional<bool>(*v < 1.0) : std::nullopt);
+    rows.push_back(r);
+  }
+  {
+    Row r;
+    r.scenario = "5 memory";
+    r.what = "peak RSS of the Handoff process (poll), S sources, pages of P items";
+    r.measured = fit.ok ? absl::StrFormat("RSS ~ %.1f MB + %.2f MB x S + %.2f KB x S x P", fit.a,
+                                          fit.b, fit.c * 1024)
+                        : "n/a";
+    double worst = 0;
+    for (const auto& pt : fit.points) {
+      worst = std::max(worst, std::fabs(fit.Predict(pt.s, pt.p) - pt.rss) / pt.rss);
+    }
+    r.limit = "-";
+    r.ratio = fit.ok ? absl::StrFormat("fit within %.0f%%", worst * 100) : "-";
+    r.goal = "bounded, stated as a formula";
+    r.met = YesNo(fit.ok ? std::optional<bool>(worst < 0.25) : std::nullopt);
+    rows.push_back(r);
+  }
+  {
+    const auto p50 = f.Get("admin", "p50_ms"), p99 = f.Get("admin", "p99_ms");
+    Row r;
+    r.scenario = "6 admin latency";
+    r.what = absl::StrCat("GetProgress while ingesting (",
+                          raw.contains("admin") && raw["admin"].contains("transport")
+                              ? raw["admin"]["transport"].get<std::string>()
+                              : std::string("n/a"),
+                          ", ingest ", Eps(f.Get("admin", "ingest_events_per_s")), ")");
+    r.measured = absl::StrCat("p50 ", Num(p50, "%.3f"), " ms, p99 ", Num(p99, "%.3f"), " ms");
+    r.limit = "-";
+    r.ratio = "-";
+    r.goal = "p99 < 2 ms";
+    r.met = YesNo(p99 ? std::optional<bool>(*p99 < 2.0) : std::nullopt);
+    rows.push_back(r);
+  }
+  {
+    const auto v = f.Get("idle", "core_fraction");
+    Row r;
+    r.scenario = "7 idle cost";
+    r.what = absl::StrCat(Num(f.Get("idle", "sources"), "%.0f"),
+                          " sources, nothing new upstream (CPU over ",
+                          Num(f.Get("idle", "window_seconds"), "%.0f"), " s)");
+    r.measured = v ? absl::StrFormat("%.2f%% of a core", *v * 100) : "n/a";
+    r.limit = "-";
+    r.ratio = "-";
+    r.goal = "< 2% of a core";
+    r.met = YesNo(v ? std::optional<bool>(*v < 0.02) : std::nullopt);
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+}  // namespace
+
+absl::Status WriteReport(const Results& res, const std::string& out_dir) {
+  const MemoryFit fit = FitMemory(res.raw);
+  const std::vector<Row> rows = BuildRows(res.raw, fit);
+  const Machine& m = res.machine;
+
+  std::string md = "# Handoff benchmark report\n\n";
+  absl::StrAppend(&md, "Generated by `scripts/bench` (`//bench:handoff_bench`, `-c opt`)",
+                  res.smoke ? " in **smoke mode** (tiny sizes: figures mean nothing)" : "",
+                  ". Every limit is measured in the same run, on the same machine.\n\n");
+  absl::StrAppend(&md, "| date | machine |\n| --- | --- |\n| ", m.date, " | nproc ", m.nproc,
+                  ", ", m.cpu, ", ", m.kernel, " |\n\n");
+  md += "| scenario | what | measured | limit (same run) | ratio | goal | met |\n";
+  md += "| --- | --- | --- | --- | --- | --- | --- |\n";
+  for (const Row& r : rows) {
+    absl::StrAppend(&md, "| ", r.scenario, " | ", r.what, " | ", r.measured, " | ", r.limit,
+                    " | ", r.ratio, " | ", r.goal, " | ", r.met, " |\n");
+  }
+  md += "\n## Memory (scenario 5)\n\n";
+  if (fit.ok) {
+    absl::StrAppend(&md, absl::StrFormat(
+        "Least-squares fit over the polling ingest runs: **peak RSS ~ %.1f MB + %.2f MB x "
+        "sources + %.2f KB x sources x page items**. It does not grow with the number of "
+        "events ingested: a worker holds one page being committed (polling) or up to "
+        "`sse_buffered_pages` (2) more (SSE), and RocksDB's memtables are bounded "
+        "(write_buffer_size x max_write_buffer_number per column family) and its block cache "
+        "is fixed.\n\n",
+        fit.a, fit.b, fit.c * 1024));
+    md += "| run | sources | page | peak RSS | formula |\n| --- | --- | --- | --- | --- |\n";
+    for (const auto& pt : fit.points) {
+      absl::StrAppend(&md, absl::StrFormat("| %s | %.0f | %.0f | %.1f MB | %.1f MB |\n",
+                                           pt.probe, pt.s, pt.p, pt.rss,
+                                           fit.Predict(pt.s, pt.p)));
+    }
+  } else {
+    md += "Not enough ingest runs to fit the formula.\n";
+  }
+  md += "\nPeak RSS of every child process:\n\n| probe | peak RSS | CPU |\n| --- | --- | --- |\n";
+  for (const auto& [name, v] : res.raw.items()) {
+    absl::StrAppend(&md, absl::StrFormat("| %s | %.1f MB | %.1f s |\n", name,
+                                         v.value("peak_rss_mb", 0.0),
+                                         v.value("child_cpu_seconds", 0.0)));
+  }
+  bool any_error = false;
+  for (const auto& [name, v] : res.raw.items()) {
+    if (!v.contains("error")) continue;
+    if (!any_error) md += "\n## Failures\n\n";
+    any_error = true;
+    absl::StrAppend(&md, "- `", name, "`: ", v["error"].get<std::string>(), "\n");
+  }
+  md += "\n## How each figure is measured\n\n"
+        "- Each probe runs in a child process of `handoff_bench`; the parent hosts the "
+        "provider simulator (`sim::ProviderSim`, loopback HTTP) and the sample sink "
+        "(`sim::SampleSink`, loopback gRPC), so peak RSS and CPU are Handoff's own.\n"
+        "- End to end: a real `Store` (sync on, in a temp dir on disk) and `SourceManager` "
+        "with handoffd's `HttpProvider`; events/s = events durably committed / time from "
+        "StartSource to the last commit. Bare RocksDB: the same rows (simulator logs as "
+        "serialized `EventRow`, keys from `store/keys.h`), `store::StoreRocksOptions`, sync "
+        "on, one WriteBatch per 1000 rows plus the checkpoint. Simulator alone: one libcurl "
+        "client following `next`, body discarded.\n"
+        "- Many sources: fairness = min/max of per-source events committed when half of "
+        "all events were in.\n"
+        "- External sink: one source, `GrpcEventSink` to the sample sink (fsync per call); "
+        "the limit is the same sink called directly (sequential Apply, or ApplyBatch of 256). "
+        "FINALIZED counts the events delivered from the outbox (blocks <= head - 32).\n"
+        "- Recovery: the data set (one SST per source, bulk-ingested) is cached under the "
+        "bench data dir; each run points the sources at this run's simulator and rewinds "
+        "them, then times Store::Open + SourceManager::Create + Recover + the first commit.\n"
+        "- Admin: handoffd (`--insecure_disable_auth`) ingesting one source at full speed; "
+        "one GetProgress per millisecond over loopback gRPC.\n"
+        "- Idle: getrusage(utime+stime) of the Handoff process over the window, after "
+        "every source caught up and its backoff settled.\n";
+  if (!res.history.empty()) {
+    md += "\n## History\n\n";
+    md += res.history;
+    if (md.back() != '\n') md += "\n";
+  }
+
+  json out;
+  out["date"] = m.date;
+  out["machine"] = {{"nproc", m.nproc}, {"cpu", m.cpu}, {"kernel", m.kernel}};
+  out["smoke"] = res.smoke;
+  out["rows"] = json::array();
+  for (const Row& r : rows) {
+    out["rows"].push_back({{"scenario", r.scenario}, {"what", r.what}, {"measured", r.measured},
+                           {"limit", r.limit}, {"ratio", r.ratio}, {"goal", r.goal},
+                           {"met", r.met}});
+  }
+  if (fit.ok) out["memory_formula_mb"] = {{"base", fit.a}, {"per_source", fit.b},
+                                          {"per_source_per_page_item", fit.c}};
+  out["probes"] = res.raw;
+
+  std::ofstream md_file(out_dir + "/REPORT.md");
+  md_file << md;
+  std::ofstream json_file(out_dir + "/report.json");
+  json_file << out.dump(2) << "\n";
+  if (!md_file || !json_file) return absl::InternalError("cannot write the report files");
+  return absl::OkStatus();
+}
+
+}  // namespace handoff::bench

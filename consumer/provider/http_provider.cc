@@ -66,8 +66,11 @@ class CurlSession {
     std::vector<std::string> headers;
     std::string user_agent;
     absl::Duration connect_timeout;
-    absl::Duration header_timeout;     // quiet time allowed before the headers complete
-    absl::Duration body_idle_timeout;  // quiet time allowed after
+    absl::Duration header_timeout;     // from the start until the headers are complete
+    absl::Duration body_idle_timeout;  // quiet time allowed after (see Handler::Progressed)
+    // The whole transfer, however steadily bytes trickle in (polling: a slow-loris body
+    // that sends a byte every second never trips the idle timeout).
+    absl::Duration total_timeout = absl::InfiniteDuration();
   };
   struct Response {
     int status = 0;
@@ -81,12 +84,17 @@ class CurlSession {
     virtual ~Handler() = default;
     virtual bool OnHeaders(const Response& response) = 0;
     virtual bool OnBody(absl::string_view chunk) = 0;
+    // Whether the body made progress since the last call (resets the idle timer). Bytes
+    // for a polled body; complete frames for a stream, so that a frame trickled forever
+    // counts as silence.
+    virtual bool Progressed() { return true; }
   };
   struct Result {
     CURLcode code = CURLE_OK;
     std::string error;           // curl's message
     bool interrupted = false;    // should_stop() became true
     bool idle_timeout = false;
+    bool deadline_exceeded = false;  // total_timeout
     bool headers_done = false;
   };
 
@@ -109,6 +117,7 @@ class CurlSession {
     Context ctx;
     ctx.handler = handler;
     ctx.last_activity = absl::Now();
+    const absl::Time start = ctx.last_activity;
     curl_slist* headers = nullptr;
     for (const std::string& h : request.headers) headers = curl_slist_append(headers, h.c_str());
     char error[CURL_ERROR_SIZE] = {0};
@@ -151,13 +160,22 @@ class CurlSession {
         result.interrupted = true;
         break;
       }
-      absl::Duration limit =
-          ctx.headers_done ? request.body_idle_timeout : request.header_timeout;
-      absl::Duration left = ctx.last_activity + limit - absl::Now();
+      // Headers must complete within header_timeout of the start (a flood of header
+      // lines, or one trickled byte by byte, does not extend it).
+      const absl::Time now = absl::Now();
+      absl::Duration left = ctx.headers_done
+                                ? ctx.last_activity + request.body_idle_timeout - now
+                                : start + request.header_timeout - now;
       if (left <= absl::ZeroDuration()) {
         result.idle_timeout = true;
         break;
       }
+      const absl::Duration total_left = start + request.total_timeout - now;
+      if (total_left <= absl::ZeroDuration()) {
+        result.deadline_exceeded = true;
+        break;
+      }
+      left = std::min(left, total_left);
       int timeout_ms = static_cast<int>(
           std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 60 * 1000));
       curl_multi_poll(multi_, nullptr, 0, timeout_ms, nullptr);
@@ -168,6 +186,10 @@ class CurlSession {
         if (msg->msg == CURLMSG_DONE && msg->easy_handle == easy_) result.code = msg->data.result;
       }
       if (result.code != CURLE_OK) result.error = error[0] ? error : curl_easy_strerror(result.code);
+      if (result.code == CURLE_OUT_OF_MEMORY && !ctx.headers_done) {
+        // libcurl's cap on one response header (100 KiB), not this process's memory.
+        result.error = "a response header is larger than libcurl accepts (100 KiB)";
+      }
     }
     // Removing an unfinished transfer closes its connection; a finished one is kept.
     curl_multi_remove_handle(multi_, easy_);
@@ -231,7 +253,8 @@ class CurlSession {
       if (!ctx->handler->OnHeaders(ctx->response)) return 0;
     }
     bool ok = ctx->handler->OnBody(absl::string_view(data, len));
-    ctx->last_activity = absl::Now();  // after OnBody: time blocked there is not silence
+    // After OnBody: time blocked there is not silence.
+    if (ctx->handler->Progressed()) ctx->last_activity = absl::Now();
     return ok ? len : 0;
   }
 
@@ -326,7 +349,10 @@ Refusal ClassifyRefusal(int http_status, absl::string_view body,
   r.message = absl::StrCat(http_status == 0 ? std::string("SSE error control")
                                             : absl::StrCat("HTTP ", http_status),
                            r.code.empty() ? "" : " ", r.code,
-                           provider_message.empty() ? "" : ": ", provider_message);
+                           provider_message.empty() ? "" : ": ", provider_message,
+                           http_status >= 300 && http_status < 400
+                               ? " (redirects are not followed: fix the provider url)"
+                               : "");
   return r;
 }
 
@@ -456,13 +482,18 @@ class BodyHandler : public CurlSession::Handler {
         too_large_ = true;
         return false;
       }
-      chunk = chunk.substr(0, limit_ - body_->size());
+      // An error body is only read up to its cap, then the transfer ends (an endless
+      // error body must not hold the worker): the refusal maps by its status.
+      body_->append(chunk.data(), limit_ - body_->size());
+      error_capped_ = true;
+      return false;
     }
     body_->append(chunk.data(), chunk.size());
     return true;
   }
   const CurlSession::Response& response() const { return response_; }
   bool too_large() const { return too_large_; }
+  bool error_capped() const { return error_capped_; }
 
  private:
   std::string* body_;
@@ -471,6 +502,7 @@ class BodyHandler : public CurlSession::Handler {
   size_t limit_ = kMaxErrorBody;
   CurlSession::Response response_;
   bool too_large_ = false;
+  bool error_capped_ = false;
 };
 
 FetchResult TooLarge(size_t max) {
@@ -494,6 +526,7 @@ FetchResult HttpProvider::FetchPoll(const std::string& cursor) {
   req.connect_timeout = options_.connect_timeout;
   req.header_timeout = options_.read_timeout;
   req.body_idle_timeout = options_.read_timeout;
+  req.total_timeout = options_.response_timeout;
   BodyHandler handler(&body_, options_.max_page_bytes, PageParser::Padding());
   const uint64_t generation = close_generation_.load();
   CurlSession::Result result = session_->Run(req, &handler, [this, generation] {
@@ -502,12 +535,26 @@ FetchResult HttpProvider::FetchPoll(const std::string& cursor) {
   if (cancelled_.load()) return Cancelled();
   if (result.interrupted) return Transient("closed", "connection closed by Close()");
   if (handler.too_large()) return TooLarge(options_.max_page_bytes);
+  if (handler.error_capped()) {
+    return FetchResult::Refused(Scrub(ClassifyRefusal(handler.response().status, body_,
+                                                      handler.response().retry_after,
+                                                      std::nullopt)));
+  }
   if (result.idle_timeout) {
     return Transient("timeout", absl::StrCat("no data from the provider for ",
                                              absl::FormatDuration(options_.read_timeout)));
   }
+  if (result.deadline_exceeded) {
+    return Transient("timeout", absl::StrCat("the response did not complete within "
+                                             "response_timeout (",
+                                             absl::FormatDuration(options_.response_timeout),
+                                             "); the partial body was discarded"));
+  }
   if (result.code != CURLE_OK) {
-    if (result.code == CURLE_URL_MALFORMAT || result.code == CURLE_UNSUPPORTED_PROTOCOL) {
+    // Create() admits only http(s) URLs, so CURLE_UNSUPPORTED_PROTOCOL here means the
+    // server's answer was not HTTP (HTTP/0.9 garbage, a status code like 2000): a broken
+    // or hostile response, retried like other transport failures below, never a halt.
+    if (result.code == CURLE_URL_MALFORMAT) {
       Refusal r;
       r.kind = RefusalKind::kConfigInvalid;
       r.code = "bad_url";
@@ -647,14 +694,21 @@ class StreamHandler : public CurlSession::Handler {
     return true;
   }
 
+  bool Progressed() override {
+    const bool progressed = !streaming_ || frames_ != frames_seen_;
+    frames_seen_ = frames_;
+    return progressed;
+  }
+
   bool OnBody(absl::string_view chunk) override {
     if (!streaming_) {  // a refusal body
       size_t room = kMaxErrorBody - std::min(kMaxErrorBody, error_body_.size());
       error_body_.append(chunk.data(), std::min(room, chunk.size()));
-      return true;
+      return chunk.size() <= room;  // capped: stop reading, classify by the status
     }
     bool keep_going = true;
     absl::Status s = sse_.Feed(chunk, [&](SseFrame&& frame) {
+      ++frames_;
       if (!keep_going) return;
       keep_going = OnFrame(std::move(frame));
     });
@@ -702,6 +756,8 @@ class StreamHandler : public CurlSession::Handler {
   CurlSession::Response response_;
   bool streaming_ = false;
   bool stopped_ = false;
+  uint64_t frames_ = 0;       // complete frames, any kind (heartbeats included)
+  uint64_t frames_seen_ = 0;  // frames_ at the last Progressed()
   std::string error_body_;
   std::optional<Refusal> terminal_;
 };

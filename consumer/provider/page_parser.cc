@@ -2,6 +2,10 @@
 
 #include <simdjson.h>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -32,13 +36,7 @@ struct HexTable {
 };
 constexpr HexTable kHex;
 
-struct HexBadTable {
-  uint8_t value[256];
-  constexpr HexBadTable() : value() {
-    for (int i = 0; i < 256; ++i) value[i] = HexTable().value[i] == kNotHex ? 1 : 0;
-  }
-};
-constexpr HexBadTable kHexBad;
+
 
 // A field path, rendered only when an error is reported.
 struct Path {
@@ -68,15 +66,40 @@ absl::Status JsonError(const Path& path, simdjson::error_code e) {
                                                  simdjson::error_message(e), ")"));
 }
 
+bool IsHexByte(uint8_t c) {
+  return static_cast<uint8_t>(c - '0') < 10 || static_cast<uint8_t>((c | 0x20) - 'a') < 6;
+}
+
+// Whether all n bytes are hex digits, 16 at a time with SSE2 (baseline x86-64).
+bool AllHex(const uint8_t* p, size_t n) {
+  size_t i = 0;
+#if defined(__SSE2__)
+  const __m128i zero = _mm_set1_epi8('0'), nine = _mm_set1_epi8(9);
+  const __m128i lower = _mm_set1_epi8(0x20), a = _mm_set1_epi8('a'), five = _mm_set1_epi8(5);
+  __m128i ok_all = _mm_set1_epi8(-1);
+  for (; i + 16 <= n; i += 16) {
+    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i));
+    __m128i d = _mm_sub_epi8(c, zero);
+    __m128i is_digit = _mm_cmpeq_epi8(_mm_min_epu8(d, nine), d);
+    __m128i l = _mm_sub_epi8(_mm_or_si128(c, lower), a);
+    __m128i is_letter = _mm_cmpeq_epi8(_mm_min_epu8(l, five), l);
+    ok_all = _mm_and_si128(ok_all, _mm_or_si128(is_digit, is_letter));
+  }
+  if (_mm_movemask_epi8(ok_all) != 0xFFFF) return false;
+#endif
+  for (; i < n; ++i) {
+    if (!IsHexByte(p[i])) return false;
+  }
+  return true;
+}
+
 // Points [*begin, *begin + *len) at the string of `v` when it is "0x" followed by hex
 // digits and nothing else.
 bool RawHex(dom::element v, const char** begin, size_t* len) {
   std::string_view s;
   if (v.get_string().get(s) != simdjson::SUCCESS) return false;
   if (s.size() < 2 || s[0] != '0' || s[1] != 'x') return false;
-  uint8_t bad = 0;
-  for (size_t i = 2; i < s.size(); ++i) bad |= kHexBad.value[static_cast<uint8_t>(s[i])];
-  if (bad) return false;
+  if (!AllHex(reinterpret_cast<const uint8_t*>(s.data()) + 2, s.size() - 2)) return false;
   *begin = s.data();
   *len = s.size();
   return true;

@@ -1,0 +1,394 @@
+// Issue 6: downstream deliveries through the real gRPC EventSink client to the sample
+// sink (a durable, deduping EventSink on loopback), run by the real SourceManager and
+// its worker threads: FINALIZED gating across reorgs, crashes at every delivery step,
+// the documented hold or quarantine for each refusal, and a slow sink that backs off
+// without spinning or blocking other sources.
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "consumer/fault_points.h"
+#include "consumer/sinks/grpc_event_sink.h"
+#include "consumer/source_manager.h"
+#include "consumer/source_manager_impl.h"
+#include "consumer/testing/fakes.h"
+#include "gtest/gtest.h"
+#include "sim/sample_sink/sample_sink.h"
+#include "store/store.h"
+
+namespace handoff::tests {
+namespace {
+
+using consumer::FaultPoints;
+using consumer::testing::FakeProvider;
+using consumer::testing::MakePage;
+using consumer::testing::MakeRow;
+
+std::string TempDir(const std::string& name) {
+  const char* base = getenv("TEST_TMPDIR");
+  return absl::StrCat(base != nullptr ? base : "/tmp", "/", name);
+}
+
+// Forwards to a provider that outlives process restarts; Cancel is per instance.
+class ForwardingProvider : public consumer::Provider {
+ public:
+  explicit ForwardingProvider(FakeProvider* target) : target_(target) {}
+  consumer::FetchResult Fetch(const std::string& cursor) override {
+    if (cancelled_.load()) {
+      consumer::Refusal r;
+      r.kind = consumer::RefusalKind::kCancelled;
+      return consumer::FetchResult::Refused(r);
+    }
+    return target_->Fetch(cursor);
+  }
+  void Cancel() override { cancelled_.store(true); }
+  void Close() override {}
+
+ private:
+  FakeProvider* const target_;
+  std::atomic<bool> cancelled_{false};
+};
+
+// The "process": a store and a SourceManager whose workers really run. The provider
+// and the sample sink live outside it and survive Restart().
+class Rig {
+ public:
+  explicit Rig(std::string dir) : dir_(std::move(dir)) {
+    sim::SampleSink::Options so;
+    so.core.db_path = dir_ + "-sink";
+    absl::StatusOr<std::unique_ptr<sim::SampleSink>> sink = sim::SampleSink::Start(so);
+    EXPECT_TRUE(sink.ok()) << sink.status();
+    sink_ = *std::move(sink);
+    Open();
+  }
+  ~Rig() {
+    manager_.reset();
+    store_.reset();
+    FaultPoints::DisarmAll();
+  }
+
+  void Open() {
+    store::StoreOptions so;
+    so.path = dir_;
+    absl::StatusOr<std::unique_ptr<store::Store>> s = store::Store::Open(so);
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = *std::move(s);
+    consumer::SourceManagerOptions mo;
+    mo.store = store_.get();
+    mo.worker.fetch_backoff.initial = absl::Milliseconds(5);
+    mo.worker.fetch_backoff.max = absl::Milliseconds(20);
+    mo.worker.delivery_idle_recheck = absl::Milliseconds(50);
+    mo.factories.provider = [this](const handoff::v1::SourceSpec& spec)
+        -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
+      return std::unique_ptr<consumer::Provider>(new ForwardingProvider(&providers_[spec.id()]));
+    };
+    mo.factories.external_sink = [](const handoff::v1::SourceSpec& spec) {
+      return consumer::MakeExternalSink(spec);
+    };
+    absl::StatusOr<std::unique_ptr<consumer::SourceManager>> m =
+        consumer::SourceManager::Create(std::move(mo));
+    ASSERT_TRUE(m.ok());
+    manager_ = *std::move(m);
+    ASSERT_TRUE(manager_->Recover().ok());
+  }
+
+  // A crash: workers abandoned where they stand (a fault point already stopped the one
+  // that matters), the database closed and reopened from disk, sources recovered.
+  void Restart() {
+    FaultPoints::DisarmAll();
+    manager_.reset();
+    store_.reset();
+    Open();
+  }
+
+  handoff::v1::SourceSpec Spec(const std::string& id, handoff::v1::DeliveryGate gate,
+                               bool batch = true) {
+    handoff::v1::SourceSpec spec;
+    spec.set_id(id);
+    spec.set_provider_url("http://provider.invalid");
+    spec.set_chain("testnet");
+    spec.set_source("logs");
+    spec.set_transport(handoff::v1::TRANSPORT_POLL);
+    spec.mutable_start()->set_block(100);
+    spec.mutable_sink()->mutable_downstream()->set_target(sink_->target());
+    spec.mutable_sink()->mutable_downstream()->set_batch(batch);
+    spec.mutable_sink()->mutable_downstream()->set_deadline_ms(2000);
+    spec.mutable_sink()->set_gate(gate);
+    spec.mutable_failure_policy()->set_initial_backoff_ms(5);
+    spec.mutable_failure_policy()->set_max_backoff_ms(20);
+    spec.mutable_failure_policy()->set_max_attempts(3);
+    return spec;
+  }
+
+  void Create(const handoff::v1::SourceSpec& spec) {
+    handoff::v1::CreateSourceRequest req;
+    *req.mutable_spec() = spec;
+    req.set_start(true);
+    absl::StatusOr<handoff::v1::Source> s = manager_->CreateSource(req);
+    ASSERT_TRUE(s.ok()) << s.status();
+  }
+
+  // Waits (on progress changes, no polling sleeps) until `done` holds.
+  bool WaitFor(const std::string& id, const std::function<bool(const handoff::v1::Progress&)>& done,
+               absl::Duration timeout = absl::Seconds(20)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    uint64_t generation = 0;
+    while (absl::Now() < deadline) {
+      absl::StatusOr<handoff::v1::Progress> p =
+          manager_->WaitProgress(id, &generation, std::min(deadline, absl::Now() + absl::Milliseconds(100)));
+      if (p.ok() && done(*p)) return true;
+    }
+    return false;
+  }
+
+  std::map<std::string, sim::SinkRecord> Records() {
+    absl::StatusOr<std::map<std::string, sim::SinkRecord>> r = sink_->Records();
+    EXPECT_TRUE(r.ok());
+    return r.ok() ? *r : std::map<std::string, sim::SinkRecord>{};
+  }
+
+  consumer::SourceManager* manager() { return manager_.get(); }
+  consumer::SourceManagerImpl* impl() {
+    return static_cast<consumer::SourceManagerImpl*>(manager_.get());
+  }
+  sim::SampleSink* sink() { return sink_.get(); }
+  FakeProvider& provider(const std::string& id) { return providers_[id]; }
+
+ private:
+  const std::string dir_;
+  std::map<std::string, FakeProvider> providers_;
+  std::unique_ptr<sim::SampleSink> sink_;
+  std::unique_ptr<store::Store> store_;
+  std::unique_ptr<consumer::SourceManager> manager_;
+};
+
+consumer::Page WithMarks(consumer::Page p, uint64_t finalized, uint64_t safe) {
+  p.finalized = consumer::BlockMarkValue{finalized, absl::StrFormat("0x%064x", finalized)};
+  p.safe = consumer::BlockMarkValue{safe, absl::StrFormat("0x%064x", safe)};
+  return p;
+}
+
+// A chain 100..111 (two events a block); block 106..109 are reorged to fork "b" before
+// they finalize. Finality then advances to 111.
+void LoadReorgingChain(FakeProvider& p) {
+  auto events = [](uint64_t from, uint64_t to, const std::string& fork) {
+    std::vector<handoff::v1::EventRow> rows;
+    for (uint64_t b = from; b <= to; ++b) {
+      rows.push_back(MakeRow(b, 0, fork));
+      rows.push_back(MakeRow(b, 1, fork));
+    }
+    return rows;
+  };
+  p.SetPage("100", WithMarks(MakePage(100, 103, events(100, 103, "a"), "c1"), 101, 102));
+  p.SetPage("c1", WithMarks(MakePage(104, 109, events(104, 109, "a"), "c2"), 103, 105));
+  p.SetPage("c2", WithMarks(MakePage(106, 109, events(106, 109, "b"), "c3", /*reorg=*/true), 105, 107));
+  p.SetPage("c3", WithMarks(MakePage(110, 111, events(110, 111, "b"), "c4"), 111, 111));
+}
+
+std::string KeyOf(const std::string& id, uint64_t block, uint64_t index, const std::string& fork) {
+  return absl::StrCat(id, "/", MakeRow(block, index, fork).block_hash(), "/", index);
+}
+
+void ExpectFinalChainDeliveredOnce(Rig& rig, const std::string& id) {
+  std::map<std::string, sim::SinkRecord> records = rig.Records();
+  int mine = 0;
+  for (const auto& [key, rec] : records) {
+    if (key.rfind(id + "/", 0) != 0) continue;
+    ++mine;
+    EXPECT_EQ(rec.request.finality(), handoff::v1::FINALITY_FINALIZED) << key;
+  }
+  for (uint64_t b = 100; b <= 111; ++b) {
+    const std::string fork = b >= 106 ? "b" : "a";
+    for (uint64_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(records.count(KeyOf(id, b, i, fork)), 1u) << b << ":" << i;
+    }
+    if (b >= 106 && b <= 109) {
+      for (uint64_t i = 0; i < 2; ++i) {
+        EXPECT_EQ(records.count(KeyOf(id, b, i, "a")), 0u) << "reorged " << b << ":" << i;
+      }
+    }
+  }
+  EXPECT_EQ(mine, 24);
+}
+
+bool DeliveredThrough(const handoff::v1::Progress& p, uint64_t block, uint64_t index) {
+  const handoff::v1::Checkpoint& d = p.delivery_checkpoint();
+  return d.has_applied() && (d.applied_block() > block ||
+                             (d.applied_block() == block && d.applied_log_index() >= index));
+}
+
+TEST(Effects, FinalizedGateNeverDeliversReorgedEvents) {
+  Rig rig(TempDir("finalized"));
+  LoadReorgingChain(rig.provider("fin"));
+  rig.Create(rig.Spec("fin", handoff::v1::DELIVERY_GATE_FINALIZED));
+  ASSERT_TRUE(rig.WaitFor("fin", [](const handoff::v1::Progress& p) {
+    return DeliveredThrough(p, 111, 1);
+  })) << "delivery never reached 111:1";
+  ExpectFinalChainDeliveredOnce(rig, "fin");
+  absl::StatusOr<handoff::v1::Progress> p = rig.manager()->GetProgress("fin");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->highest_finalized().number(), 111u);
+  EXPECT_EQ(p->counters().corrections(), 1u);
+}
+
+TEST(Effects, CrashAtEveryDeliveryStepDeliversEachKeyOnce) {
+  for (const char* point : {"delivery.after_deliver", "delivery.before_event_commit",
+                            "delivery.after_event_commit", "delivery.before_barrier",
+                            "delivery.after_barrier"}) {
+    for (int nth : {1, 2}) {
+      SCOPED_TRACE(absl::StrCat(point, " #", nth));
+      Rig rig(TempDir(absl::StrCat("crash-", point, "-", nth)));
+      LoadReorgingChain(rig.provider("fin"));
+      std::atomic<bool> fired{false};
+      auto count = std::make_shared<std::atomic<int>>(0);
+      FaultPoints::Arm(point, [&fired, count, nth] {
+        if (count->fetch_add(1) + 1 != nth) return false;
+        fired.store(true);
+        return true;
+      });
+      rig.Create(rig.Spec("fin", handoff::v1::DELIVERY_GATE_FINALIZED, /*batch=*/nth == 1));
+      // Wait until the fault fired and the worker is abandoned, then "crash".
+      ASSERT_TRUE(rig.WaitFor("fin", [&](const handoff::v1::Progress&) {
+        return fired.load() && rig.impl()->WorkerForTest("fin")->crashed();
+      })) << "fault point never fired";
+      rig.Restart();
+      ASSERT_TRUE(rig.WaitFor("fin", [](const handoff::v1::Progress& p) {
+        return DeliveredThrough(p, 111, 1);
+      }));
+      ExpectFinalChainDeliveredOnce(rig, "fin");
+    }
+  }
+}
+
+TEST(Effects, RefusalsBecomeTheDocumentedHoldOrQuarantine) {
+  struct Case {
+    const char* name;
+    handoff::v1::RejectionPolicy policy;
+    std::function<void(handoff::sim::v1::FaultConfig*)> fault;
+    handoff::v1::HoldKind hold;  // HOLD_KIND_UNSPECIFIED: quarantined, no hold
+  };
+  const std::vector<Case> cases = {
+      {"rejected-quarantine", handoff::v1::REJECTION_POLICY_QUARANTINE,
+       [](handoff::sim::v1::FaultConfig* f) { f->mutable_reject()->add_blocks(101); },
+       handoff::v1::HOLD_KIND_UNSPECIFIED},
+      {"rejected-hold", handoff::v1::REJECTION_POLICY_HOLD,
+       [](handoff::sim::v1::FaultConfig* f) { f->mutable_reject()->add_blocks(101); },
+       handoff::v1::HOLD_KIND_OPERATOR_REVIEW},
+      {"needs-review", handoff::v1::REJECTION_POLICY_QUARANTINE,
+       [](handoff::sim::v1::FaultConfig* f) { f->mutable_review()->add_blocks(101); },
+       handoff::v1::HOLD_KIND_OPERATOR_REVIEW},
+      {"retry-exhausted", handoff::v1::REJECTION_POLICY_HOLD,
+       [](handoff::sim::v1::FaultConfig* f) {
+         f->set_fail_next_calls(1000);
+         f->set_fail_mode(handoff::sim::v1::FAIL_MODE_RETRY_LATER);
+         f->set_retry_after_ms(1);
+       },
+       handoff::v1::HOLD_KIND_RETRYABLE_DEAD_LETTER},
+  };
+  for (const handoff::v1::DeliveryGate gate :
+       {handoff::v1::DELIVERY_GATE_IMMEDIATE, handoff::v1::DELIVERY_GATE_FINALIZED}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(absl::StrCat(c.name, " gate ", gate));
+      Rig rig(TempDir(absl::StrCat("refusal-", c.name, "-", gate)));
+      rig.provider("src").SetPage(
+          "100", WithMarks(MakePage(100, 102, {MakeRow(100), MakeRow(101), MakeRow(102)}, "c1"),
+                           102, 102));
+      handoff::sim::v1::FaultConfig faults;
+      c.fault(&faults);
+      rig.sink()->SetFaults(faults);
+      handoff::v1::SourceSpec spec = rig.Spec("src", gate, /*batch=*/false);
+      spec.mutable_failure_policy()->set_on_rejection(c.policy);
+      rig.Create(spec);
+      const bool delivery = gate != handoff::v1::DELIVERY_GATE_IMMEDIATE;
+      auto through = [&](const handoff::v1::Progress& p, uint64_t block) {
+        if (delivery) return DeliveredThrough(p, block, 0);
+        return p.checkpoint().has_applied() && p.checkpoint().applied_block() >= block &&
+               p.checkpoint().resume_cursor() == "c1";
+      };
+      if (c.hold == handoff::v1::HOLD_KIND_UNSPECIFIED) {
+        ASSERT_TRUE(rig.WaitFor("src", [&](const handoff::v1::Progress& p) { return through(p, 102); }));
+        handoff::v1::ListQuarantineRequest q;
+        q.set_source_id("src");
+        absl::StatusOr<handoff::v1::ListQuarantineResponse> list = rig.manager()->ListQuarantine(q);
+        ASSERT_TRUE(list.ok());
+        ASSERT_EQ(list->records_size(), 1);
+        EXPECT_EQ(list->records(0).event().block_number(), 101u);
+        EXPECT_EQ(list->records(0).disposition(), handoff::v1::DISPOSITION_QUARANTINED);
+        continue;
+      }
+      // The hold blocks the right barrier (a retrying event becomes a dead letter only
+      // after max_attempts).
+      handoff::v1::ListHoldsRequest lh;
+      lh.set_source_id("src");
+      ASSERT_TRUE(rig.WaitFor("src", [&](const handoff::v1::Progress&) {
+        absl::StatusOr<handoff::v1::ListHoldsResponse> h = rig.manager()->ListHolds(lh);
+        return h.ok() && h->holds_size() == 1 && h->holds(0).kind() == c.hold;
+      }));
+      absl::StatusOr<handoff::v1::ListHoldsResponse> holds = rig.manager()->ListHolds(lh);
+      ASSERT_TRUE(holds.ok());
+      ASSERT_EQ(holds->holds_size(), 1);
+      const handoff::v1::Hold hold = holds->holds(0);
+      EXPECT_EQ(hold.kind(), c.hold);
+      EXPECT_EQ(hold.stage(), delivery ? handoff::v1::STAGE_DELIVERY : handoff::v1::STAGE_INGEST);
+      absl::StatusOr<handoff::v1::Progress> before = rig.manager()->GetProgress("src");
+      ASSERT_TRUE(before.ok());
+      EXPECT_FALSE(through(*before, 102));
+      // Resolving it moves that barrier.
+      rig.sink()->SetFaults(handoff::sim::v1::FaultConfig());
+      handoff::v1::ResolveHoldRequest r;
+      r.set_source_id("src");
+      r.set_stage(hold.stage());
+      r.set_block_number(hold.event().block_number());
+      r.set_log_index(hold.event().log_index());
+      r.set_decision(handoff::v1::HOLD_DECISION_IGNORE);
+      r.set_reason("known bad event");
+      r.set_hold_version(hold.version());
+      ASSERT_TRUE(rig.manager()->ResolveHold(r, "alice").ok());
+      ASSERT_TRUE(rig.WaitFor("src", [&](const handoff::v1::Progress& p) { return through(p, 102); }));
+    }
+  }
+}
+
+TEST(Effects, UnavailableSinkBacksOffWithoutSpinningOrBlockingOthers) {
+  Rig rig(TempDir("slow"));
+  rig.provider("down").SetPage("100", MakePage(100, 100, {MakeRow(100)}, "c1"));
+  rig.provider("local").SetPage("100", MakePage(100, 100, {MakeRow(100)}, "c1"));
+  handoff::sim::v1::FaultConfig faults;
+  faults.set_fail_next_calls(1000000);
+  faults.set_fail_mode(handoff::sim::v1::FAIL_MODE_UNAVAILABLE);
+  rig.sink()->SetFaults(faults);
+  handoff::v1::SourceSpec down = rig.Spec("down", handoff::v1::DELIVERY_GATE_IMMEDIATE, false);
+  down.mutable_failure_policy()->set_initial_backoff_ms(100);
+  down.mutable_failure_policy()->set_max_backoff_ms(400);
+  rig.Create(down);
+  handoff::v1::SourceSpec local = rig.Spec("local", handoff::v1::DELIVERY_GATE_IMMEDIATE);
+  local.mutable_sink()->mutable_local_rows();
+  rig.Create(local);
+  // The other source is not blocked.
+  ASSERT_TRUE(rig.WaitFor("local", [](const handoff::v1::Progress& p) {
+    return p.checkpoint().resume_cursor() == "c1";
+  }));
+  // The failing one backs off: over 1.5 s, with backoff >= 50 ms (half the initial
+  // delay) the sink sees at most ~30 calls, where a spinning loop would make thousands.
+  const uint64_t calls_before = rig.sink()->stats().calls();
+  ASSERT_TRUE(rig.WaitFor("down", [](const handoff::v1::Progress& p) {
+    return p.state() == handoff::v1::SOURCE_STATE_BACKING_OFF;
+  }));
+  absl::Time until = absl::Now() + absl::Milliseconds(1500);
+  rig.WaitFor("down", [&](const handoff::v1::Progress&) { return absl::Now() >= until; },
+              absl::Seconds(3));
+  const uint64_t calls = rig.sink()->stats().calls() - calls_before;
+  EXPECT_LE(calls, 32u);
+  EXPECT_GE(calls, 1u);
+  absl::StatusOr<handoff::v1::Progress> p = rig.manager()->GetProgress("down");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->checkpoint().resume_cursor(), "100") << "nothing promoted while the sink is down";
+  EXPECT_EQ(p->counters().open_holds(), 1u) << "the retrying event's attempts are persisted";
+}
+
+}  // namespace
+}  // namespace handoff::tests

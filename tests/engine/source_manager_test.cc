@@ -1,0 +1,307 @@
+// The SourceManager with real worker threads: life cycle, recovery after a restart,
+// the identity binding of checkpoints, holds resolved while a worker waits, and idle
+// workers that use no CPU.
+#include <sys/resource.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "consumer/source_manager.h"
+#include "consumer/source_manager_impl.h"
+#include "consumer/testing/fakes.h"
+#include "gtest/gtest.h"
+#include "store/store.h"
+
+namespace handoff::tests {
+namespace {
+
+using consumer::testing::FakeProvider;
+using consumer::testing::FakeSink;
+using consumer::testing::MakePage;
+using consumer::testing::MakeRow;
+
+std::string TempDir(const std::string& name) {
+  const char* base = getenv("TEST_TMPDIR");
+  return absl::StrCat(base != nullptr ? base : "/tmp", "/", name);
+}
+
+class Forward : public consumer::Provider {
+ public:
+  explicit Forward(FakeProvider* p) : p_(p) {}
+  consumer::FetchResult Fetch(const std::string& c) override {
+    if (cancelled_.load()) {
+      consumer::Refusal r;
+      r.kind = consumer::RefusalKind::kCancelled;
+      return consumer::FetchResult::Refused(r);
+    }
+    return p_->Fetch(c);
+  }
+  void Cancel() override { cancelled_.store(true); }
+  void Close() override {}
+
+ private:
+  FakeProvider* p_;
+  std::atomic<bool> cancelled_{false};
+};
+
+class ForwardSink : public consumer::ExternalSink {
+ public:
+  explicit ForwardSink(FakeSink* s) : s_(s) {}
+  std::vector<consumer::SinkAnswer> Deliver(absl::string_view id,
+                                            absl::Span<const consumer::Delivery> d) override {
+    return s_->Deliver(id, d);
+  }
+  int max_batch() const override { return 8; }
+  void Cancel() override {}
+
+ private:
+  FakeSink* s_;
+};
+
+class ManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = TempDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    Open();
+  }
+  void TearDown() override {
+    manager_.reset();
+    store_.reset();
+  }
+  void Open() {
+    store::StoreOptions so;
+    so.path = dir_;
+    store_ = *store::Store::Open(so);
+    consumer::SourceManagerOptions mo;
+    mo.store = store_.get();
+    mo.max_sources = 100;
+    mo.worker.fetch_backoff.initial = absl::Milliseconds(20);
+    mo.worker.fetch_backoff.max = absl::Seconds(30);
+    mo.factories.provider = [this](const handoff::v1::SourceSpec& spec)
+        -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
+      return std::unique_ptr<consumer::Provider>(new Forward(&providers_[spec.id()]));
+    };
+    mo.factories.external_sink = [this](const handoff::v1::SourceSpec&)
+        -> absl::StatusOr<std::unique_ptr<consumer::ExternalSink>> {
+      return std::unique_ptr<consumer::ExternalSink>(new ForwardSink(&sink_));
+    };
+    manager_ = *consumer::SourceManager::Create(std::move(mo));
+    ASSERT_TRUE(manager_->Recover().ok());
+  }
+  void Restart() {
+    manager_.reset();
+    store_.reset();
+    Open();
+  }
+  handoff::v1::SourceSpec Spec(const std::string& id) {
+    handoff::v1::SourceSpec spec;
+    spec.set_id(id);
+    spec.set_provider_url("http://provider.invalid");
+    spec.set_chain("testnet");
+    spec.set_source("logs");
+    spec.set_filter("f1");
+    spec.set_transport(handoff::v1::TRANSPORT_SSE);
+    spec.mutable_start()->set_block(100);
+    return spec;
+  }
+  absl::StatusOr<handoff::v1::Source> Create(const handoff::v1::SourceSpec& spec, bool start) {
+    handoff::v1::CreateSourceRequest req;
+    *req.mutable_spec() = spec;
+    req.set_start(start);
+    return manager_->CreateSource(req);
+  }
+  bool WaitFor(const std::string& id, const std::function<bool(const handoff::v1::Progress&)>& f,
+               absl::Duration timeout = absl::Seconds(10)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    uint64_t gen = 0;
+    while (absl::Now() < deadline) {
+      absl::StatusOr<handoff::v1::Progress> p = manager_->WaitProgress(
+          id, &gen, std::min(deadline, absl::Now() + absl::Milliseconds(100)));
+      if (p.ok() && f(*p)) return true;
+    }
+    return false;
+  }
+
+  std::string dir_;
+  std::map<std::string, FakeProvider> providers_;
+  FakeSink sink_{8};
+  std::unique_ptr<store::Store> store_;
+  std::unique_ptr<consumer::SourceManager> manager_;
+};
+
+TEST_F(ManagerTest, CreateIsIdempotentAndADifferentSpecIsAlreadyExists) {
+  ASSERT_TRUE(Create(Spec("a"), false).ok());
+  EXPECT_TRUE(Create(Spec("a"), false).ok());
+  handoff::v1::SourceSpec other = Spec("a");
+  other.set_filter("f2");
+  EXPECT_EQ(Create(other, false).status().code(), absl::StatusCode::kAlreadyExists);
+  handoff::v1::SourceSpec bad = Spec("A_b");
+  absl::Status s = Create(bad, false).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("spec.id"), absl::string_view::npos);
+}
+
+TEST_F(ManagerTest, RunsStopsAndResumesFromTheCheckpointAfterRestart) {
+  FakeProvider& p = providers_["a"];
+  p.SetPage("100", MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "c1"));
+  ASSERT_TRUE(Create(Spec("a"), true).ok());
+  ASSERT_TRUE(WaitFor("a", [](const handoff::v1::Progress& pr) {
+    return pr.checkpoint().resume_cursor() == "c1";
+  }));
+  absl::StatusOr<handoff::v1::Source> stopped = manager_->StopSource("a");
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_EQ(stopped->progress().state(), handoff::v1::SOURCE_STATE_STOPPED);
+  EXPECT_FALSE(stopped->desired_running());
+  EXPECT_EQ(manager_->DeleteSource("zz").code(), absl::StatusCode::kNotFound);
+
+  // Started again, then the process restarts: the source resumes by itself.
+  ASSERT_TRUE(manager_->StartSource("a").ok());
+  EXPECT_EQ(manager_->DeleteSource("a").code(), absl::StatusCode::kFailedPrecondition);
+  Restart();
+  p.SetPage("c1", MakePage(102, 102, {MakeRow(102)}, "c2"));
+  ASSERT_TRUE(WaitFor("a", [](const handoff::v1::Progress& pr) {
+    return pr.checkpoint().resume_cursor() == "c2";
+  }));
+  absl::StatusOr<handoff::v1::Progress> pr = manager_->GetProgress("a");
+  ASSERT_TRUE(pr.ok());
+  EXPECT_EQ(pr->counters().applied(), 3u);
+  EXPECT_EQ(pr->checkpoint().applied_block(), 102u);
+  // A requested cursor never skips: the provider saw 100, c1 (maybe repeatedly), c2.
+  for (const std::string& c : p.requested()) EXPECT_TRUE(c == "100" || c == "c1" || c == "c2") << c;
+
+  handoff::v1::QueryEventsRequest q;
+  q.set_source_id("a");
+  q.set_page_size(2);
+  absl::StatusOr<handoff::v1::QueryEventsResponse> rows = manager_->QueryEvents(q);
+  ASSERT_TRUE(rows.ok());
+  ASSERT_EQ(rows->rows_size(), 2);
+  ASSERT_FALSE(rows->next_page_token().empty());
+  q.set_page_token(rows->next_page_token());
+  rows = manager_->QueryEvents(q);
+  ASSERT_TRUE(rows.ok());
+  ASSERT_EQ(rows->rows_size(), 1);
+  EXPECT_EQ(rows->rows(0).block_number(), 102u);
+  EXPECT_TRUE(rows->next_page_token().empty());
+
+  ASSERT_TRUE(manager_->StopSource("a").ok());
+  ASSERT_TRUE(manager_->DeleteSource("a").ok());
+  EXPECT_EQ(manager_->GetSource("a").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ManagerTest, ACheckpointIsOnlyValidForItsIdentityUntilRebuilt) {
+  providers_["a"].SetPage("100", MakePage(100, 100, {MakeRow(100)}, "c1"));
+  ASSERT_TRUE(Create(Spec("a"), true).ok());
+  ASSERT_TRUE(WaitFor("a", [](const handoff::v1::Progress& pr) {
+    return pr.checkpoint().resume_cursor() == "c1";
+  }));
+  ASSERT_TRUE(manager_->StopSource("a").ok());
+  // The stored spec's filter changes (e.g. an operator edited the configuration).
+  handoff::v1::Source source = *store_->GetSource("a");
+  source.mutable_spec()->set_filter("another-filter");
+  ASSERT_TRUE(store_->PutSource(source).ok());
+  absl::Status s = manager_->StartSource("a").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("RebuildSource"), absl::string_view::npos);
+  // RebuildSource from a numeric block binds the checkpoint to the new identity.
+  handoff::v1::RebuildSourceRequest rb;
+  rb.set_source_id("a");
+  rb.set_from_block(100);
+  rb.set_start(true);
+  absl::StatusOr<handoff::v1::Source> rebuilt = manager_->RebuildSource(rb);
+  ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+  ASSERT_TRUE(WaitFor("a", [](const handoff::v1::Progress& pr) {
+    return pr.checkpoint().resume_cursor() == "c1";
+  }));
+}
+
+TEST_F(ManagerTest, ResolvingAHoldUnblocksAWaitingWorkerAtOnce) {
+  handoff::v1::SourceSpec spec = Spec("h");
+  spec.mutable_sink()->mutable_downstream()->set_target("unused:1");
+  spec.mutable_failure_policy()->set_on_rejection(handoff::v1::REJECTION_POLICY_HOLD);
+  providers_["h"].SetPage("100", MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "c1"));
+  const std::string held = absl::StrCat("h/", MakeRow(101).block_hash(), "/0");
+  sink_.SetScript([held](const std::string& key, int) {
+    consumer::SinkAnswer a;
+    a.kind = key == held ? consumer::SinkAnswer::Kind::kNeedsReview
+                         : consumer::SinkAnswer::Kind::kApplied;
+    a.message = "looks odd";
+    return a;
+  });
+  ASSERT_TRUE(Create(spec, true).ok());
+  ASSERT_TRUE(WaitFor("h", [](const handoff::v1::Progress& pr) {
+    return pr.state() == handoff::v1::SOURCE_STATE_BLOCKED_ON_HOLD;
+  }));
+  absl::StatusOr<handoff::v1::Progress> pr = manager_->GetProgress("h");
+  ASSERT_TRUE(pr.ok());
+  EXPECT_EQ(pr->counters().open_holds(), 1u);
+  EXPECT_EQ(pr->attempt().first_blocking_event().block_number(), 101u);
+  EXPECT_EQ(pr->attempt().events_done(), 1u);
+  EXPECT_EQ(pr->attempt().events_total(), 2u);
+  EXPECT_EQ(pr->attempt().next_cursor(), "c1");
+  EXPECT_EQ(pr->checkpoint().resume_cursor(), "100");
+
+  handoff::v1::ResolveHoldRequest r;
+  r.set_source_id("h");
+  r.set_stage(handoff::v1::STAGE_INGEST);
+  r.set_block_number(101);
+  r.set_log_index(0);
+  r.set_decision(handoff::v1::HOLD_DECISION_QUARANTINE);
+  r.set_reason("confirmed bad");
+  r.set_hold_version(1);
+  absl::StatusOr<handoff::v1::ResolveHoldResponse> res = manager_->ResolveHold(r, "alice");
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ(res->record().actor(), "alice");
+  ASSERT_TRUE(WaitFor("h", [](const handoff::v1::Progress& pr) {
+    return pr.checkpoint().resume_cursor() == "c1";
+  }));
+  // Resolving again: the hold is gone.
+  EXPECT_EQ(manager_->ResolveHold(r, "alice").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ManagerTest, WaitingWorkersUseNoCpu) {
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(Create(Spec(absl::StrCat("idle-", i)), true).ok());
+  // Let them reach their backoff (nothing new upstream).
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(WaitFor(absl::StrCat("idle-", i), [](const handoff::v1::Progress& pr) {
+      return pr.state() == handoff::v1::SOURCE_STATE_BACKING_OFF;
+    }));
+  }
+  rusage before, after;
+  getrusage(RUSAGE_SELF, &before);
+  const absl::Time start = absl::Now();
+  WaitFor("idle-0", [&](const handoff::v1::Progress&) {
+    return absl::Now() - start >= absl::Seconds(1);
+  });
+  getrusage(RUSAGE_SELF, &after);
+  auto cpu = [](const rusage& r) {
+    return absl::DurationFromTimeval(r.ru_utime) + absl::DurationFromTimeval(r.ru_stime);
+  };
+  const double fraction = (cpu(after) - cpu(before)) / (absl::Now() - start);
+  // 50 waiting workers with exponential backoff: far below a spinning core.
+  EXPECT_LT(fraction, 0.2);
+  manager_->Shutdown();
+}
+
+TEST_F(ManagerTest, ListsPageThroughSourcesWithTokens) {
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(Create(Spec(absl::StrCat("s", i)), false).ok());
+  handoff::v1::ListSourcesRequest req;
+  req.set_page_size(2);
+  std::vector<std::string> ids;
+  for (int pages = 0; pages < 10; ++pages) {
+    absl::StatusOr<handoff::v1::ListSourcesResponse> r = manager_->ListSources(req);
+    ASSERT_TRUE(r.ok());
+    for (const auto& s : r->sources()) ids.push_back(s.spec().id());
+    if (r->next_page_token().empty()) break;
+    req.set_page_token(r->next_page_token());
+  }
+  EXPECT_EQ(ids, (std::vector<std::string>{"s0", "s1", "s2", "s3", "s4"}));
+  req.set_page_token("!!!");
+  EXPECT_EQ(manager_->ListSources(req).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace handoff::tests

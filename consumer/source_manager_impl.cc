@@ -309,12 +309,7 @@ absl::StatusOr<handoff::v1::Progress> SourceManagerImpl::ProgressFromStore(
     absl::StatusOr<store::CheckpointRecord> d =
         store_->LoadCheckpoint(source.spec().id(), store::Stage::kDelivery);
     if (d.ok()) {
-      handoff::v1::Checkpoint* dc = p.mutable_delivery_checkpoint();
-      dc->set_resume_cursor(d->resume_cursor());
-      dc->set_has_applied(d->has_applied());
-      dc->set_applied_block(d->applied_block());
-      dc->set_applied_log_index(d->applied_log_index());
-      dc->set_checkpoint_version(d->version());
+      *p.mutable_delivery_checkpoint() = PublicCheckpoint(*d);
       p.mutable_counters()->set_delivered(d->counters().delivered());
     }
   }
@@ -400,37 +395,56 @@ absl::StatusOr<handoff::v1::ListSourcesResponse> SourceManagerImpl::ListSources(
   return response;
 }
 
-absl::StatusOr<handoff::v1::ListHoldsResponse> SourceManagerImpl::ListHolds(
-    const handoff::v1::ListHoldsRequest& request) {
-  ASSIGN_OR_RETURN(int size, PageSize(request.page_size(), 100, 1000, "page_size"));
-  ASSIGN_OR_RETURN(std::string after, DecodeToken(request.page_token()));
+// Lists the records of a staged family (holds or quarantine), of one source or all, in
+// key order, paginated by the last key returned. `Response` has `Item* add()`-style
+// access through `add`.
+template <typename Record, typename AddFn>
+absl::StatusOr<std::string> SourceManagerImpl::ListStaged(store::StagedFamily family,
+                                                          const std::string& source_id,
+                                                          int page_size,
+                                                          const std::string& page_token,
+                                                          const AddFn& add) {
+  ASSIGN_OR_RETURN(int size, PageSize(page_size, 100, 1000, "page_size"));
+  ASSIGN_OR_RETURN(std::string after, DecodeToken(page_token));
   std::string prefix;
-  if (!request.source_id().empty()) {
-    RETURN_IF_ERROR(ValidateSourceId(request.source_id(), "source_id"));
-    RETURN_IF_ERROR(store_->GetSource(request.source_id()).status());
-    prefix = store::keys::SourcePrefix(request.source_id());
+  if (!source_id.empty()) {
+    RETURN_IF_ERROR(ValidateSourceId(source_id, "source_id"));
+    RETURN_IF_ERROR(store_->GetSource(source_id).status());
+    prefix = store::keys::SourcePrefix(source_id);
     if (after.empty()) after = prefix;
   }
-  handoff::v1::ListHoldsResponse response;
   std::string last_key;
   bool more = false;
+  int count = 0;
   absl::Status parse_error;
-  RETURN_IF_ERROR(store_->ScanAll(
-      store::StagedFamily::kHolds, after, [&](absl::string_view key, absl::string_view value) {
-        if (!prefix.empty() && !absl::StartsWith(key, prefix)) return false;
-        if (response.holds_size() == size) {
-          more = true;
-          return false;
-        }
-        if (!response.add_holds()->ParseFromArray(value.data(), value.size())) {
-          parse_error = absl::DataLossError("unreadable hold record");
-          return false;
-        }
-        last_key = std::string(key);
-        return true;
-      }));
+  RETURN_IF_ERROR(store_->ScanAll(family, after, [&](absl::string_view key,
+                                                     absl::string_view value) {
+    if (!prefix.empty() && !absl::StartsWith(key, prefix)) return false;
+    if (count == size) {
+      more = true;
+      return false;
+    }
+    Record* record = add();
+    if (!record->ParseFromArray(value.data(), value.size())) {
+      parse_error = absl::DataLossError("unreadable hold or quarantine record");
+      return false;
+    }
+    ++count;
+    last_key = std::string(key);
+    return true;
+  }));
   RETURN_IF_ERROR(parse_error);
-  if (more) response.set_next_page_token(EncodeToken(last_key));
+  return more ? EncodeToken(last_key) : std::string();
+}
+
+absl::StatusOr<handoff::v1::ListHoldsResponse> SourceManagerImpl::ListHolds(
+    const handoff::v1::ListHoldsRequest& request) {
+  handoff::v1::ListHoldsResponse response;
+  ASSIGN_OR_RETURN(std::string next,
+                   ListStaged<handoff::v1::Hold>(store::StagedFamily::kHolds, request.source_id(),
+                                                 request.page_size(), request.page_token(),
+                                                 [&] { return response.add_holds(); }));
+  response.set_next_page_token(next);
   return response;
 }
 
@@ -545,36 +559,12 @@ absl::StatusOr<handoff::v1::ResolveHoldResponse> SourceManagerImpl::ResolveHold(
 
 absl::StatusOr<handoff::v1::ListQuarantineResponse> SourceManagerImpl::ListQuarantine(
     const handoff::v1::ListQuarantineRequest& request) {
-  ASSIGN_OR_RETURN(int size, PageSize(request.page_size(), 100, 1000, "page_size"));
-  ASSIGN_OR_RETURN(std::string after, DecodeToken(request.page_token()));
-  std::string prefix;
-  if (!request.source_id().empty()) {
-    RETURN_IF_ERROR(ValidateSourceId(request.source_id(), "source_id"));
-    RETURN_IF_ERROR(store_->GetSource(request.source_id()).status());
-    prefix = store::keys::SourcePrefix(request.source_id());
-    if (after.empty()) after = prefix;
-  }
   handoff::v1::ListQuarantineResponse response;
-  std::string last_key;
-  bool more = false;
-  absl::Status parse_error;
-  RETURN_IF_ERROR(store_->ScanAll(
-      store::StagedFamily::kQuarantine, after,
-      [&](absl::string_view key, absl::string_view value) {
-        if (!prefix.empty() && !absl::StartsWith(key, prefix)) return false;
-        if (response.records_size() == size) {
-          more = true;
-          return false;
-        }
-        if (!response.add_records()->ParseFromArray(value.data(), value.size())) {
-          parse_error = absl::DataLossError("unreadable quarantine record");
-          return false;
-        }
-        last_key = std::string(key);
-        return true;
-      }));
-  RETURN_IF_ERROR(parse_error);
-  if (more) response.set_next_page_token(EncodeToken(last_key));
+  ASSIGN_OR_RETURN(std::string next, ListStaged<handoff::v1::QuarantineRecord>(
+                                         store::StagedFamily::kQuarantine, request.source_id(),
+                                         request.page_size(), request.page_token(),
+                                         [&] { return response.add_records(); }));
+  response.set_next_page_token(next);
   return response;
 }
 
@@ -623,12 +613,7 @@ absl::StatusOr<handoff::v1::QueryEventsResponse> SourceManagerImpl::QueryEvents(
   handoff::v1::QueryEventsResponse response;
   ASSIGN_OR_RETURN(store::CheckpointRecord cp,
                    store_->LoadCheckpoint(request.source_id(), store::Stage::kIngest));
-  handoff::v1::Checkpoint* out = response.mutable_checkpoint();
-  out->set_resume_cursor(cp.resume_cursor());
-  out->set_has_applied(cp.has_applied());
-  out->set_applied_block(cp.applied_block());
-  out->set_applied_log_index(cp.applied_log_index());
-  out->set_checkpoint_version(cp.version());
+  *response.mutable_checkpoint() = PublicCheckpoint(cp);
   absl::Status parse_error;
   std::optional<Position> next;
   RETURN_IF_ERROR(store_->ScanRows(request.source_id(), from, to,

@@ -69,6 +69,11 @@ class SourceManagerImpl final : public SourceManager {
                                bool latest);
   void PersistHalt(const handoff::v1::Progress& progress);
   absl::Status CheckOpen() const;
+  // Holds or quarantine records; returns the next page token.
+  template <typename Record, typename AddFn>
+  absl::StatusOr<std::string> ListStaged(store::StagedFamily family, const std::string& source_id,
+                                         int page_size, const std::string& page_token,
+                                         const AddFn& add);
 
   const SourceManagerOptions options_;
   store::Store* const store_;

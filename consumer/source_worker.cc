@@ -9,10 +9,6 @@
 #include "consumer/outcome_policy.h"
 
 namespace handoff::consumer {
-namespace {
-
-using Kind = PageAttempt::Result::Kind;
-
 handoff::v1::Checkpoint PublicCheckpoint(const store::CheckpointRecord& cp) {
   handoff::v1::Checkpoint out;
   out.set_resume_cursor(cp.resume_cursor());
@@ -22,6 +18,10 @@ handoff::v1::Checkpoint PublicCheckpoint(const store::CheckpointRecord& cp) {
   out.set_checkpoint_version(cp.version());
   return out;
 }
+
+namespace {
+
+using Kind = PageAttempt::Result::Kind;
 
 bool IsHalted(handoff::v1::SourceState s) {
   switch (s) {

@@ -57,6 +57,9 @@ struct WorkerOptions {
   absl::Duration delivery_idle_recheck = absl::Seconds(5);
 };
 
+// The public view of a stage's checkpoint.
+handoff::v1::Checkpoint PublicCheckpoint(const store::CheckpointRecord& cp);
+
 // Fills the checkpoint-derived fields of `progress` (checkpoint, marks, tip, lag,
 // counters). Shared by the worker and the SourceManager.
 void FillProgressFromCheckpoint(const store::CheckpointRecord& cp, handoff::v1::Progress* progress);

@@ -76,6 +76,13 @@ class SourceManager {
   // `actor` is the caller's name for audit trails (a token's name, never the token).
   virtual absl::StatusOr<handoff::v1::Source> CreateSource(
       const handoff::v1::CreateSourceRequest& request) = 0;
+  // Replaces the spec of an existing source when the change is safe (see
+  // UnsafeSpecChanges in spec_validation.h); a running worker restarts at a safe point
+  // with the new spec. Codes: NOT_FOUND, INVALID_ARGUMENT, FAILED_PRECONDITION (an
+  // unsafe change: the message names the fields).
+  virtual absl::StatusOr<handoff::v1::Source> UpdateSource(const handoff::v1::SourceSpec& spec) {
+    return absl::UnimplementedError("UpdateSource");
+  }
   virtual absl::StatusOr<handoff::v1::Source> StartSource(absl::string_view id) = 0;
   virtual absl::StatusOr<handoff::v1::Source> StopSource(absl::string_view id) = 0;
   virtual absl::Status DeleteSource(absl::string_view id) = 0;

@@ -6,6 +6,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
@@ -252,6 +253,31 @@ absl::Status SourceManagerImpl::StopLocked(absl::string_view id) {
   worker = std::move(workers_[id]);
   workers_.erase(std::string(id));
   return absl::OkStatus();
+}
+
+absl::StatusOr<handoff::v1::Source> SourceManagerImpl::UpdateSource(
+    const handoff::v1::SourceSpec& in) {
+  RETURN_IF_ERROR(CheckOpen());
+  ASSIGN_OR_RETURN(handoff::v1::SourceSpec spec, NormalizeSpec(in));
+  {
+    absl::MutexLock ops(&ops_mu_);
+    ASSIGN_OR_RETURN(handoff::v1::Source source, store_->GetSource(spec.id()));
+    if (google::protobuf::util::MessageDifferencer::Equals(source.spec(), spec)) {
+      return WithProgress(source);
+    }
+    std::vector<std::string> unsafe = UnsafeSpecChanges(source.spec(), spec);
+    if (!unsafe.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "source '", spec.id(), "': changing ", absl::StrJoin(unsafe, ", "),
+          " needs a new source or a RebuildSource (a cursor is only valid for its identity)"));
+    }
+    const bool running = IsRunning(spec.id());
+    RETURN_IF_ERROR(StopLocked(spec.id()));
+    *source.mutable_spec() = spec;
+    RETURN_IF_ERROR(store_->PutSource(source));
+    if (running) RETURN_IF_ERROR(StartLocked(source));
+  }
+  return GetSource(spec.id());
 }
 
 absl::StatusOr<handoff::v1::Source> SourceManagerImpl::StartSource(absl::string_view id) {

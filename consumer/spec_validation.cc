@@ -142,10 +142,11 @@ absl::StatusOr<handoff::v1::SourceSpec> NormalizeSpec(const handoff::v1::SourceS
   return spec;
 }
 
-bool IsSafeSpecChange(const handoff::v1::SourceSpec& stored,
-                      const handoff::v1::SourceSpec& declared) {
-  handoff::v1::SourceSpec a = stored, b = declared;
+std::vector<std::string> UnsafeSpecChanges(const handoff::v1::SourceSpec& stored,
+                                           const handoff::v1::SourceSpec& updated) {
+  handoff::v1::SourceSpec a = stored, b = updated;
   for (handoff::v1::SourceSpec* s : {&a, &b}) {
+    s->clear_transport();
     s->clear_page_limit();
     s->clear_api_key();
     s->clear_failure_policy();
@@ -155,7 +156,16 @@ bool IsSafeSpecChange(const handoff::v1::SourceSpec& stored,
       s->mutable_sink()->mutable_downstream()->clear_max_batch();
     }
   }
-  return google::protobuf::util::MessageDifferencer::Equals(a, b);
+  std::vector<std::string> changed;
+  const google::protobuf::Descriptor* descriptor = handoff::v1::SourceSpec::descriptor();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    google::protobuf::util::MessageDifferencer differencer;
+    for (int j = 0; j < descriptor->field_count(); ++j) {
+      if (j != i) differencer.IgnoreField(descriptor->field(j));
+    }
+    if (!differencer.Compare(a, b)) changed.push_back(descriptor->field(i)->name());
+  }
+  return changed;
 }
 
 absl::StatusOr<int> PageSize(int requested, int default_size, int max_size,

@@ -5,6 +5,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include <string>
+#include <vector>
+
 #include "absl/strings/string_view.h"
 #include "handoff/v1/source.pb.h"
 
@@ -17,10 +20,12 @@ absl::Status ValidateSourceId(absl::string_view id, absl::string_view field);
 // failure policy defaults). The result is what is stored and compared for idempotency.
 absl::StatusOr<handoff::v1::SourceSpec> NormalizeSpec(const handoff::v1::SourceSpec& spec);
 
-// True if the two (normalised) specs differ only in fields that can change without a
-// rebuild: page_limit, api_key, failure_policy, sink deadline and batching.
-bool IsSafeSpecChange(const handoff::v1::SourceSpec& stored,
-                      const handoff::v1::SourceSpec& declared);
+// The fields (paths such as "filter" or "sink.gate") in which two normalised specs
+// differ and that cannot change without a rebuild. Safe to change in place: transport
+// (cursors are the same for POLL and SSE), page_limit, api_key, failure_policy, and the
+// downstream sink's deadline_ms, batch and max_batch.
+std::vector<std::string> UnsafeSpecChanges(const handoff::v1::SourceSpec& stored,
+                                           const handoff::v1::SourceSpec& updated);
 
 // Page size of a list request: 0 means `default_size`; negative or above `max_size`
 // is INVALID_ARGUMENT naming `field`.

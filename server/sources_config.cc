@@ -50,26 +50,6 @@ absl::StatusOr<handoff::v1::SourcesConfig> LoadSourcesConfig(const std::string& 
   return ParseSourcesConfig(text.str());
 }
 
-std::vector<std::string> ChangedSpecFields(const SourceSpec& a, const SourceSpec& b) {
-  std::vector<std::string> changed;
-  const google::protobuf::Descriptor* descriptor = SourceSpec::descriptor();
-  for (int i = 0; i < descriptor->field_count(); ++i) {
-    const google::protobuf::FieldDescriptor* field = descriptor->field(i);
-    google::protobuf::util::MessageDifferencer differencer;
-    // Compare only this field: ignore every other one.
-    for (int j = 0; j < descriptor->field_count(); ++j) {
-      if (j != i) differencer.IgnoreField(descriptor->field(j));
-    }
-    if (!differencer.Compare(a, b)) changed.push_back(field->name());
-  }
-  return changed;
-}
-
-bool IsSafeSpecChange(const std::string& field) {
-  return field == "transport" || field == "page_limit" || field == "api_key" ||
-         field == "failure_policy";
-}
-
 absl::Status ApplySourcesConfig(const handoff::v1::SourcesConfig& config,
                                 consumer::SourceManager* manager, Logger* logger) {
   for (int i = 0; i < config.sources_size(); ++i) {
@@ -84,25 +64,15 @@ absl::Status ApplySourcesConfig(const handoff::v1::SourcesConfig& config,
     if (created.ok()) {
       logger->Info("declared source in place", {{"source_id", id}});
     } else if (created.status().code() == absl::StatusCode::kAlreadyExists) {
-      absl::StatusOr<handoff::v1::Source> stored = manager->GetSource(id);
-      if (!stored.ok()) {
-        return absl::Status(stored.status().code(),
-                            absl::StrCat(where, ": ", stored.status().message()));
+      // A safe change (transport, page size, key, failure policy, sink deadline and
+      // batching) is applied in place; anything else is refused, naming the fields.
+      absl::StatusOr<handoff::v1::Source> updated = manager->UpdateSource(declared.spec());
+      if (!updated.ok()) {
+        return absl::Status(updated.status().code(),
+                            absl::StrCat(where, ": ", updated.status().message()));
       }
-      const std::vector<std::string> changed = ChangedSpecFields(stored->spec(), declared.spec());
-      std::vector<std::string> unsafe;
-      for (const std::string& field : changed) {
-        if (!IsSafeSpecChange(field)) unsafe.push_back(field);
-      }
-      if (!unsafe.empty()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            where, ": the declared spec changes ", absl::StrJoin(unsafe, ", "),
-            " of an existing source; identity, start and sink changes are refused (delete "
-            "and recreate the source, or RebuildSource, then update the file)"));
-      }
-      logger->Warning("declared source differs only in safe fields; keeping the stored spec "
-                      "until the core can update a spec in place",
-                      {{"source_id", id}, {"fields", absl::StrJoin(changed, ",")}});
+      logger->Info("declared source in place (spec updated if it changed safely)",
+                   {{"source_id", id}});
     } else {
       return absl::Status(created.status().code(),
                           absl::StrCat(where, ": ", created.status().message()));

@@ -33,16 +33,9 @@ namespace handoff::server {
 absl::StatusOr<handoff::v1::SourcesConfig> LoadSourcesConfig(const std::string& path);
 absl::StatusOr<handoff::v1::SourcesConfig> ParseSourcesConfig(const std::string& text);
 
-// The top-level SourceSpec fields (by name, e.g. "page_limit", "sink") in which `a`
-// and `b` differ, in field-number order.
-std::vector<std::string> ChangedSpecFields(const handoff::v1::SourceSpec& a,
-                                           const handoff::v1::SourceSpec& b);
-// Whether changing `field` keeps the checkpoint and every receipt meaningful.
-bool IsSafeSpecChange(const std::string& field);
-
-// Applies `config` (see above). A safe change is logged as a warning and NOT applied
-// yet: the core has no UpdateSource (the stored spec stays in force until the source is
-// recreated). Returns the first refusal; sources before it are already applied.
+// Applies `config` (see above): a new source is created; an existing one whose spec
+// changed safely is updated in place (SourceManager::UpdateSource); an unsafe change is
+// refused naming the fields. Returns the first refusal; sources before it are applied.
 absl::Status ApplySourcesConfig(const handoff::v1::SourcesConfig& config,
                                 consumer::SourceManager* manager, Logger* logger);
 

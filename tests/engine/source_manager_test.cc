@@ -145,6 +145,27 @@ TEST_F(ManagerTest, CreateIsIdempotentAndADifferentSpecIsAlreadyExists) {
   EXPECT_NE(s.message().find("spec.id"), absl::string_view::npos);
 }
 
+TEST_F(ManagerTest, UpdateSourceAppliesSafeChangesAndRefusesOthersNamingThem) {
+  providers_["u"].SetPage("100", MakePage(100, 100, {MakeRow(100)}, "c1"));
+  ASSERT_TRUE(Create(Spec("u"), true).ok());
+  handoff::v1::SourceSpec safe = Spec("u");
+  safe.set_page_limit(10);
+  safe.set_transport(handoff::v1::TRANSPORT_POLL);
+  absl::StatusOr<handoff::v1::Source> updated = manager_->UpdateSource(safe);
+  ASSERT_TRUE(updated.ok()) << updated.status();
+  EXPECT_EQ(updated->spec().page_limit(), 10u);
+  ASSERT_TRUE(WaitFor("u", [](const handoff::v1::Progress& pr) {
+    return pr.checkpoint().resume_cursor() == "c1";
+  })) << "the restarted worker continues";
+  handoff::v1::SourceSpec unsafe = Spec("u");
+  unsafe.set_filter("other");
+  unsafe.mutable_start()->set_block(7);
+  absl::Status s = manager_->UpdateSource(unsafe).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("filter, start"), absl::string_view::npos) << s;
+  EXPECT_EQ(manager_->GetSource("u")->spec().filter(), "f1");
+}
+
 TEST_F(ManagerTest, RunsStopsAndResumesFromTheCheckpointAfterRestart) {
   FakeProvider& p = providers_["a"];
   p.SetPage("100", MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "c1"));

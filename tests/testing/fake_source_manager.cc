@@ -1,5 +1,8 @@
 #include "tests/testing/fake_source_manager.h"
 
+#include "absl/strings/str_join.h"
+#include "consumer/spec_validation.h"
+
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -64,6 +67,20 @@ absl::StatusOr<Source> FakeSourceManager::CreateSource(
   Source out = entry.source;
   sources_.emplace(spec.id(), std::move(entry));
   return out;
+}
+
+absl::StatusOr<Source> FakeSourceManager::UpdateSource(const handoff::v1::SourceSpec& spec) {
+  absl::MutexLock lock(&mu_);
+  auto it = sources_.find(spec.id());
+  if (it == sources_.end()) return absl::NotFoundError(absl::StrCat("source ", spec.id()));
+  std::vector<std::string> unsafe = consumer::UnsafeSpecChanges(it->second.source.spec(), spec);
+  if (!unsafe.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("source '", spec.id(), "': changing ", absl::StrJoin(unsafe, ", "),
+                     " needs a new source or a RebuildSource"));
+  }
+  *it->second.source.mutable_spec() = spec;
+  return it->second.source;
 }
 
 absl::StatusOr<Source> FakeSourceManager::StartSource(absl::string_view id) {

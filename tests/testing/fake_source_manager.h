@@ -29,6 +29,7 @@ class FakeSourceManager final : public consumer::SourceManager {
   void Shutdown() override;
   absl::StatusOr<handoff::v1::Source> CreateSource(
       const handoff::v1::CreateSourceRequest& request) override;
+  absl::StatusOr<handoff::v1::Source> UpdateSource(const handoff::v1::SourceSpec& spec) override;
   absl::StatusOr<handoff::v1::Source> StartSource(absl::string_view id) override;
   absl::StatusOr<handoff::v1::Source> StopSource(absl::string_view id) override;
   absl::Status DeleteSource(absl::string_view id) override;

@@ -78,12 +78,26 @@ PageVerdict ValidatePage(const Page& page, const std::string& request_cursor,
                                  cp.covered_through());
       return v;
     }
+    // Receipts above the committed range (blocks after covered_through, or any receipt
+    // before the first committed page) were written by an attempt at this same request
+    // cursor that a crash abandoned before its barrier. The provider never learned of
+    // them (the cursor did not move), so if the chain reorganised those blocks since,
+    // it rightly serves a non-correction page with new identities there. Found by
+    // tests/torture (regression: tests/crash/abandoned_attempt_reorg_test): such
+    // receipts are replaced like a correction's orphans instead of halting the source
+    // as PROTOCOL_VIOLATION. Conflicts inside the committed range still halt.
+    auto uncommitted = [&cp](Position pos) {
+      return !cp.has_covered() || pos.block > cp.covered_through();
+    };
+    bool replace_uncommitted = false;
     // Items must agree with what was applied.
     for (const handoff::v1::EventRow& row : page.items) {
       Position pos = PositionOf(row);
       const ReceiptLedger::Entry* entry = ledger.Find(pos);
       if (entry != nullptr && !entry->terminal_hash.empty()) {
-        if (entry->terminal_hash != row.block_hash()) {
+        if (entry->terminal_hash != row.block_hash() && uncommitted(pos)) {
+          replace_uncommitted = true;
+        } else if (entry->terminal_hash != row.block_hash()) {
           v.violation = absl::StrCat("conflicting identity at applied position ",
                                      pos.DebugString(), ": block hash ", row.block_hash(),
                                      " on a non-correction page, ", entry->terminal_hash,
@@ -92,6 +106,10 @@ PageVerdict ValidatePage(const Page& page, const std::string& request_cursor,
         }
       } else if (applied.has_value() && pos <= *applied &&
                  !(entry != nullptr && entry->hold.has_value())) {
+        if (uncommitted(pos)) {
+          replace_uncommitted = true;
+          continue;
+        }
         v.violation = absl::StrCat("new event at ", pos.DebugString(),
                                    " at or below the applied position ",
                                    applied->DebugString(),
@@ -102,6 +120,31 @@ PageVerdict ValidatePage(const Page& page, const std::string& request_cursor,
     // An applied event the overlapping page does not repeat is left as it is: overlap
     // at or below the applied prefix is acceptable (seed 000, walkthrough 1), and only
     // a correction page replaces what was applied.
+    if (!replace_uncommitted) return v;
+    // Replace the abandoned attempt's durable outcomes that the page does not repeat
+    // (same identity: kept and replayed), and rewind the applied position to below the
+    // page, exactly as for a correction restricted to the uncommitted blocks.
+    absl::flat_hash_set<std::pair<uint64_t, uint64_t>> same;
+    for (const handoff::v1::EventRow& row : page.items) {
+      const ReceiptLedger::Entry* entry = ledger.Find(PositionOf(row));
+      if (entry != nullptr && entry->terminal_hash == row.block_hash()) {
+        same.insert({row.block_number(), row.log_index()});
+      }
+    }
+    for (const auto& [pos, entry] : ledger.entries()) {
+      bool durable = !entry.terminal_hash.empty() || entry.hold.has_value();
+      if (durable && uncommitted(pos) &&
+          !same.contains(std::make_pair(pos.block, pos.log_index))) {
+        v.orphans.push_back(pos);
+      }
+    }
+    if (applied.has_value() && *applied >= Position{page.from, 0}) {
+      if (page.from == 0) {
+        v.clear_applied = true;
+      } else {
+        v.rewound_applied = Position{page.from - 1, kMaxIndex};
+      }
+    }
     return v;
   }
 

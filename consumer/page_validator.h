@@ -34,7 +34,8 @@ struct PageVerdict {
   std::string violation;
   // An empty page whose next equals the request cursor: nothing new, back off.
   bool nothing_new = false;
-  // Correction: positions whose durable outcome the page replaces.
+  // Correction (or receipts of an attempt a crash abandoned above the committed range,
+  // see ValidatePage): positions whose durable outcome the page replaces.
   std::vector<Position> orphans;
   // Correction: the applied position after deleting the replaced range (nullopt with
   // clear_applied = true means "nothing applied").

@@ -1,0 +1,92 @@
+// Regression test (found by tests/torture): a page attempt abandoned mid-page by a crash
+// leaves durable receipts and an applied position beyond the committed range. If the
+// chain reorganises those blocks before the restart, the provider (which never learned
+// of the abandoned attempt: the cursor did not move) rightly serves a NON-correction
+// page at the same cursor with new identities there. The engine used to halt the source
+// as PROTOCOL_VIOLATION ("conflicting identity at applied position ... on a
+// non-correction page") forever; it must replace the abandoned attempt's receipts and
+// rows like a correction's orphans and proceed.
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "consumer/fault_points.h"
+#include "gtest/gtest.h"
+#include "tests/crash/harness.h"
+
+namespace handoff::tests {
+namespace {
+
+using consumer::FaultPoints;
+using consumer::PageAttempt;
+using consumer::testing::MakePage;
+using consumer::testing::MakeRow;
+using Kind = PageAttempt::Result::Kind;
+
+std::string TempDir(const std::string& name) {
+  const char* base = getenv("TEST_TMPDIR");
+  return absl::StrCat(base != nullptr ? base : "/tmp", "/", name);
+}
+
+void RunScenario(bool external_sink) {
+  HarnessOptions o;
+  o.start_block = 100;
+  o.external_sink = external_sink;
+  Harness h(TempDir(external_sink ? "abandoned-sink" : "abandoned-rows"), o);
+  h.Open();
+  // Committed: blocks 100-101 (cursor C1). Then a page 102-104 at C1 (fork "a").
+  Script before;
+  before.cursors = {"100", "C1"};
+  before.pages.push_back(MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "C1"));
+  before.pages.push_back(
+      MakePage(102, 104, {MakeRow(102), MakeRow(103), MakeRow(104)}, "C2"));
+  h.Load(before);
+  ASSERT_EQ(h.Step().kind, Kind::kPromoted);
+  // 102 and 103 commit, then the process dies before 104 (no barrier: cursor stays C1).
+  FaultPoints::ArmNth("ingest.before_event_commit", 3);
+  ASSERT_EQ(h.Step().kind, Kind::kCrashed);
+  h.Crash();
+  ASSERT_EQ(h.Checkpoint().resume_cursor(), "C1");
+  ASSERT_EQ(h.Checkpoint().applied_block(), 103u);
+
+  // Meanwhile blocks 103-104 were reorganised (fork "b"). The provider serves the same
+  // cursor's page, not a correction: the client never committed past C1.
+  Script after;
+  after.cursors = {"100", "C1"};
+  after.pages.push_back(before.pages[0]);
+  after.pages.push_back(MakePage(
+      102, 104, {MakeRow(102), MakeRow(103, 0, "b"), MakeRow(104, 0, "b")}, "C2"));
+  h.Load(after);
+  PageAttempt::Result r = h.Step();
+  ASSERT_EQ(r.kind, Kind::kPromoted) << r.detail;
+  EXPECT_EQ(h.Checkpoint().resume_cursor(), "C2");
+  EXPECT_EQ(h.Checkpoint().applied_block(), 104u);
+  if (!external_sink) {
+    EXPECT_EQ(h.Rows(), ModelAfter(after, 2));
+  }
+  EXPECT_EQ(CheckComplete(h, after), "");
+}
+
+TEST(AbandonedAttemptReorg, NonCorrectionPageReplacesUncommittedReceipts) { RunScenario(false); }
+
+TEST(AbandonedAttemptReorg, WithAnImmediateSink) { RunScenario(true); }
+
+// A conflict inside the committed range is still a contract violation.
+TEST(AbandonedAttemptReorg, ConflictBelowTheCommittedRangeStillHalts) {
+  HarnessOptions o;
+  o.start_block = 100;
+  Harness h(TempDir("abandoned-committed"), o);
+  h.Open();
+  Script s;
+  s.cursors = {"100", "C1"};
+  s.pages.push_back(MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "C1"));
+  // An overlapping non-correction page that changes committed block 101.
+  s.pages.push_back(MakePage(101, 102, {MakeRow(101, 0, "b"), MakeRow(102)}, "C2"));
+  h.Load(s);
+  ASSERT_EQ(h.Step().kind, Kind::kPromoted);
+  PageAttempt::Result r = h.Step();
+  EXPECT_EQ(r.kind, Kind::kViolation);
+  EXPECT_NE(r.detail.find("conflicting identity"), std::string::npos) << r.detail;
+}
+
+}  // namespace
+}  // namespace handoff::tests

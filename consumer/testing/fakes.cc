@@ -1,10 +1,26 @@
 #include "consumer/testing/fakes.h"
 
+#include <cstdlib>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace handoff::consumer::testing {
+
+std::string TestDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(base != nullptr ? base : "/tmp", "/", name);
+}
+
+FetchResult ForwardingProvider::Fetch(const std::string& committed_cursor) {
+  if (cancelled_.load()) {
+    Refusal r;
+    r.kind = RefusalKind::kCancelled;
+    return FetchResult::Refused(r);
+  }
+  return target_->Fetch(committed_cursor);
+}
 
 handoff::v1::EventRow MakeRow(uint64_t block, uint64_t log_index, const std::string& fork) {
   handoff::v1::EventRow row;

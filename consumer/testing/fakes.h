@@ -21,6 +21,9 @@
 
 namespace handoff::consumer::testing {
 
+// A fresh directory path under $TEST_TMPDIR (or /tmp) for a test's database.
+std::string TestDir(const std::string& name);
+
 // Builds an EventRow for tests.
 handoff::v1::EventRow MakeRow(uint64_t block, uint64_t log_index = 0, const std::string& fork = "a");
 // A page covering [from, through] with `items` and the given next cursor.
@@ -45,6 +48,21 @@ class FakeProvider : public Provider {
   std::map<std::string, Page> pages_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::pair<Refusal, int>> refusals_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> requested_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> cancelled_{false};
+};
+
+// Forwards to a provider that outlives a simulated process restart (the upstream
+// provider does); Cancel and Close belong to this instance, as they would to a
+// connection of the process. Thread-safe.
+class ForwardingProvider : public Provider {
+ public:
+  explicit ForwardingProvider(Provider* target) : target_(target) {}
+  FetchResult Fetch(const std::string& committed_cursor) override;
+  void Cancel() override { cancelled_.store(true); }
+  void Close() override {}
+
+ private:
+  Provider* const target_;
   std::atomic<bool> cancelled_{false};
 };
 

@@ -21,11 +21,6 @@ using consumer::PageAttempt;
 using consumer::SinkAnswer;
 using Kind = PageAttempt::Result::Kind;
 
-std::string TempDir(const std::string& name) {
-  const char* base = getenv("TEST_TMPDIR");
-  return absl::StrCat(base != nullptr ? base : "/tmp", "/", name);
-}
-
 // For external sinks: every applied row was delivered once per key, with one key.
 void ExpectSinkExactlyOnce(Harness& h) {
   for (const auto& [pos, hash] : h.Rows()) {
@@ -57,11 +52,11 @@ int CountHits(const HarnessOptions& options, const Script& script, const std::st
 // the crash and after recovery.
 void CrashAtEveryHit(const std::string& name, const HarnessOptions& options,
                      const Script& script, const std::string& point) {
-  const int hits = CountHits(options, script, point, TempDir(name + "-count"));
+  const int hits = CountHits(options, script, point, consumer::testing::TestDir(name + "-count"));
   ASSERT_GT(hits, 0) << point << " never reached";
   for (int k = 1; k <= hits; ++k) {
     SCOPED_TRACE(absl::StrCat(point, " hit ", k, " of ", hits));
-    Harness h(TempDir(absl::StrCat(name, "-", k)), options);
+    Harness h(consumer::testing::TestDir(absl::StrCat(name, "-", k)), options);
     h.Open();
     h.Load(script);
     FaultPoints::ArmNth(point, k);
@@ -124,7 +119,7 @@ void RejectLogIndexOne(Harness& h) {
 
 void CrashAtQuarantinePoint(const std::string& point) {
   const Script script = LinearScript(100, 3);
-  Harness counter(TempDir("q-count-" + point), QuarantineOdd());
+  Harness counter(consumer::testing::TestDir("q-count-" + point), QuarantineOdd());
   counter.Open();
   counter.Load(script);
   RejectLogIndexOne(counter);
@@ -134,7 +129,7 @@ void CrashAtQuarantinePoint(const std::string& point) {
   FaultPoints::DisarmAll();
   ASSERT_EQ(hits, 3);
   for (int k = 1; k <= hits; ++k) {
-    Harness h(TempDir(absl::StrCat("q-", point, "-", k)), QuarantineOdd());
+    Harness h(consumer::testing::TestDir(absl::StrCat("q-", point, "-", k)), QuarantineOdd());
     h.Open();
     h.Load(script);
     RejectLogIndexOne(h);
@@ -183,7 +178,7 @@ TEST(CrashInjection, CrashAfterPageBarrier) {
 TEST(CrashInjection, PersistingTheTokenRightAfterFetchIsImpossible) {
   // Crash right after a successful fetch: the resume cursor is still the request's.
   const Script script = LinearScript(100, 2);
-  Harness h(TempDir("after-fetch"), Local());
+  Harness h(consumer::testing::TestDir("after-fetch"), Local());
   h.Open();
   h.Load(script);
   FaultPoints::ArmNth("ingest.after_fetch", 2);
@@ -198,7 +193,7 @@ TEST(CrashInjection, OverlappingPages) {
   const Script script = LinearScript(100, 4, /*overlap=*/true);
   CrashAtEveryHit("overlap-before", Local(), script, "ingest.before_event_commit");
   CrashAtEveryHit("overlap-after", External(), script, "ingest.after_event_commit");
-  Harness h(TempDir("overlap-counters"), Local());
+  Harness h(consumer::testing::TestDir("overlap-counters"), Local());
   h.Open();
   h.Load(script);
   ASSERT_EQ(h.RunUntilIdle().kind, Kind::kNothingNew);

@@ -24,11 +24,6 @@ using consumer::testing::MakePage;
 using consumer::testing::MakeRow;
 using Kind = PageAttempt::Result::Kind;
 
-std::string TempDir(const std::string& name) {
-  const char* base = getenv("TEST_TMPDIR");
-  return absl::StrCat(base != nullptr ? base : "/tmp", "/", name);
-}
-
 Position P(uint64_t b, uint64_t i = 0) { return Position{b, i}; }
 
 Position Applied(const store::CheckpointRecord& cp) {
@@ -41,7 +36,7 @@ Position Applied(const store::CheckpointRecord& cp) {
 TEST(SeedWalkthrough, CursorC7AppliedAt105) {
   HarnessOptions o;
   o.start_block = 104;
-  Harness h(TempDir("walk1"), o);
+  Harness h(consumer::testing::TestDir("walk1"), o);
   h.Open();
   // Reach "cursor C7, applied 105": a first page with 104 and 105.
   Script s;
@@ -74,7 +69,7 @@ TEST(SeedWalkthrough, C8NeverPromotedWhile107HasNoDurableOutcome) {
   o.external_sink = true;
   o.on_rejection = handoff::v1::REJECTION_POLICY_HOLD;
   o.start_block = 104;
-  Harness h(TempDir("walk1b"), o);
+  Harness h(consumer::testing::TestDir("walk1b"), o);
   h.Open();
   Script s;
   s.cursors = {"104"};
@@ -104,7 +99,7 @@ TEST(SeedWalkthrough, QuarantineBoundary210To212) {
   o.sink_batch = 3;
   o.on_rejection = handoff::v1::REJECTION_POLICY_QUARANTINE;
   o.start_block = 210;
-  Harness h(TempDir("walk2"), o);
+  Harness h(consumer::testing::TestDir("walk2"), o);
   h.Open();
   Script s;
   s.cursors = {"210"};
@@ -163,7 +158,7 @@ TEST(ReversibleHolds, EachKindBlocksUntilATerminalReceipt) {
                 handoff::v1::HOLD_DECISION_QUARANTINE},
        }) {
     SCOPED_TRACE(c.name);
-    Harness h(TempDir(absl::StrCat("holds-", c.name)), ReviewSink());
+    Harness h(consumer::testing::TestDir(absl::StrCat("holds-", c.name)), ReviewSink());
     h.Open();
     Script s = LinearScript(100, 2);
     h.Load(s);
@@ -214,7 +209,7 @@ TEST(ReversibleHolds, EachKindBlocksUntilATerminalReceipt) {
 }
 
 TEST(ReversibleHolds, RetryDecisionRedrivesTheEvent) {
-  Harness h(TempDir("holds-retry"), ReviewSink());
+  Harness h(consumer::testing::TestDir("holds-retry"), ReviewSink());
   h.Open();
   Script s = LinearScript(100, 1);
   h.Load(s);
@@ -238,7 +233,7 @@ TEST(ReversibleHolds, RetryingAttemptsArePersistedAcrossRestarts) {
   HarnessOptions o = ReviewSink();
   o.max_attempts = 4;
   o.initial_backoff_ms = 60000;  // the next retry is never due within the test
-  Harness h(TempDir("holds-attempts"), o);
+  Harness h(consumer::testing::TestDir("holds-attempts"), o);
   h.Open();
   Script s = LinearScript(100, 1);
   h.Load(s);
@@ -268,7 +263,7 @@ TEST(ReversibleHolds, RetryingAttemptsArePersistedAcrossRestarts) {
 }
 
 TEST(EmptyPages, AdvancingTokenPassesTheBarrierWithoutMovingAppliedPosition) {
-  Harness h(TempDir("empty-adv"), HarnessOptions{});
+  Harness h(consumer::testing::TestDir("empty-adv"), HarnessOptions{});
   h.Open();
   Script s;
   s.cursors = {"100", "E1", "E2"};
@@ -293,7 +288,7 @@ TEST(EmptyPages, AdvancingTokenPassesTheBarrierWithoutMovingAppliedPosition) {
 }
 
 TEST(EmptyPages, NonAdvancingTokenNeverPassesTheBarrier) {
-  Harness h(TempDir("empty-same"), HarnessOptions{});
+  Harness h(consumer::testing::TestDir("empty-same"), HarnessOptions{});
   h.Open();
   const store::CheckpointRecord before = h.Checkpoint();
   for (int i = 0; i < 5; ++i) {
@@ -307,7 +302,7 @@ TEST(EmptyPages, NonAdvancingTokenNeverPassesTheBarrier) {
 }
 
 TEST(Corrections, ReorgReplacesTheRangeEvenBelowTheStartBlock) {
-  Harness h(TempDir("reorg"), HarnessOptions{});
+  Harness h(consumer::testing::TestDir("reorg"), HarnessOptions{});
   h.Open();
   Script s;
   s.cursors = {"100", "R1", "R2"};
@@ -335,7 +330,7 @@ TEST(Corrections, ReorgReplacesTheRangeEvenBelowTheStartBlock) {
 TEST(UnsafeShortcuts, AppliedWatermarkIsNeverTheLargestPositionInThePage) {
   HarnessOptions o = ReviewSink();
   o.sink_batch = 3;
-  Harness h(TempDir("watermark"), o);
+  Harness h(consumer::testing::TestDir("watermark"), o);
   h.Open();
   Script s = LinearScript(100, 1);  // 100:0, 100:1, 101:0
   h.Load(s);
@@ -351,7 +346,7 @@ TEST(UnsafeShortcuts, AppliedWatermarkIsNeverTheLargestPositionInThePage) {
 }
 
 TEST(UnsafeShortcuts, OpaqueTokensAreNeverComparedOrIncremented) {
-  Harness h(TempDir("opaque"), HarnessOptions{});
+  Harness h(consumer::testing::TestDir("opaque"), HarnessOptions{});
   h.Open();
   Script s;
   // Tokens that decrease as text and as numbers: only equality is ever used.
@@ -365,7 +360,7 @@ TEST(UnsafeShortcuts, OpaqueTokensAreNeverComparedOrIncremented) {
 }
 
 TEST(UnsafeShortcuts, LateRetryCannotOverwriteANewerCheckpoint) {
-  Harness h(TempDir("late-retry"), HarnessOptions{});
+  Harness h(consumer::testing::TestDir("late-retry"), HarnessOptions{});
   h.Open();
   Script s = LinearScript(100, 2);
   h.Load(s);
@@ -380,7 +375,7 @@ TEST(UnsafeShortcuts, LateRetryCannotOverwriteANewerCheckpoint) {
 }
 
 TEST(UnsafeShortcuts, NoWatermarkTrustWhenTheProviderBackfills) {
-  Harness h(TempDir("backfill"), HarnessOptions{});
+  Harness h(consumer::testing::TestDir("backfill"), HarnessOptions{});
   h.Open();
   Script s;
   s.cursors = {"100", "B1"};
@@ -411,7 +406,7 @@ TEST(Validation, ContractBreakingPagesHaltBeforeAnyEffect) {
   };
   for (Case& c : cases) {
     SCOPED_TRACE(c.name);
-    Harness h(TempDir(absl::StrCat("validate-", c.name)), HarnessOptions{});
+    Harness h(consumer::testing::TestDir(absl::StrCat("validate-", c.name)), HarnessOptions{});
     h.Open();
     h.provider().SetPage("100", c.page);
     PageAttempt::Result r = h.Step();
@@ -428,7 +423,7 @@ TEST(Validation, ContractBreakingPagesHaltBeforeAnyEffect) {
 TEST(StaleConcurrentRetries, OnlyOneAttemptPromotesWithRealThreads) {
   for (int round = 0; round < 20; ++round) {
     SCOPED_TRACE(round);
-    Harness h(TempDir(absl::StrCat("race-", round)), HarnessOptions{});
+    Harness h(consumer::testing::TestDir(absl::StrCat("race-", round)), HarnessOptions{});
     h.Open();
     Script s = LinearScript(100, 1);
     h.Load(s);

@@ -129,11 +129,6 @@ SinkAnswer RandomAnswer(uint64_t seed, const std::string& key, int attempt) {
   return a;
 }
 
-std::string TempDir(const std::string& name) {
-  const char* base = getenv("TEST_TMPDIR");
-  return absl::StrCat(base != nullptr ? base : "/tmp", "/", name);
-}
-
 void RunSeed(uint64_t seed) {
   SCOPED_TRACE(absl::StrCat("HANDOFF_SEED=", seed));
   std::mt19937_64 rng(seed);
@@ -146,7 +141,7 @@ void RunSeed(uint64_t seed) {
                                   : handoff::v1::REJECTION_POLICY_HOLD;
   o.max_attempts = 2 + static_cast<uint32_t>(rng() % 3);
   const Script script = RandomScript(rng, 8 + static_cast<int>(rng() % 12));
-  Harness h(TempDir(absl::StrCat("random-", seed)), o);
+  Harness h(consumer::testing::TestDir(absl::StrCat("random-", seed)), o);
   h.Open();
   h.Load(script);
   auto arm = [&] {

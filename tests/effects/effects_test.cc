@@ -28,31 +28,6 @@ using consumer::testing::FakeProvider;
 using consumer::testing::MakePage;
 using consumer::testing::MakeRow;
 
-std::string TempDir(const std::string& name) {
-  const char* base = getenv("TEST_TMPDIR");
-  return absl::StrCat(base != nullptr ? base : "/tmp", "/", name);
-}
-
-// Forwards to a provider that outlives process restarts; Cancel is per instance.
-class ForwardingProvider : public consumer::Provider {
- public:
-  explicit ForwardingProvider(FakeProvider* target) : target_(target) {}
-  consumer::FetchResult Fetch(const std::string& cursor) override {
-    if (cancelled_.load()) {
-      consumer::Refusal r;
-      r.kind = consumer::RefusalKind::kCancelled;
-      return consumer::FetchResult::Refused(r);
-    }
-    return target_->Fetch(cursor);
-  }
-  void Cancel() override { cancelled_.store(true); }
-  void Close() override {}
-
- private:
-  FakeProvider* const target_;
-  std::atomic<bool> cancelled_{false};
-};
-
 // The "process": a store and a SourceManager whose workers really run. The provider
 // and the sample sink live outside it and survive Restart().
 class Rig {
@@ -84,7 +59,7 @@ class Rig {
     mo.worker.delivery_idle_recheck = absl::Milliseconds(50);
     mo.factories.provider = [this](const handoff::v1::SourceSpec& spec)
         -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
-      return std::unique_ptr<consumer::Provider>(new ForwardingProvider(&providers_[spec.id()]));
+      return std::unique_ptr<consumer::Provider>(new consumer::testing::ForwardingProvider(&providers_[spec.id()]));
     };
     mo.factories.external_sink = [](const handoff::v1::SourceSpec& spec) {
       return consumer::MakeExternalSink(spec);
@@ -222,7 +197,7 @@ bool DeliveredThrough(const handoff::v1::Progress& p, uint64_t block, uint64_t i
 }
 
 TEST(Effects, FinalizedGateNeverDeliversReorgedEvents) {
-  Rig rig(TempDir("finalized"));
+  Rig rig(consumer::testing::TestDir("finalized"));
   LoadReorgingChain(rig.provider("fin"));
   rig.Create(rig.Spec("fin", handoff::v1::DELIVERY_GATE_FINALIZED));
   ASSERT_TRUE(rig.WaitFor("fin", [](const handoff::v1::Progress& p) {
@@ -241,7 +216,7 @@ TEST(Effects, CrashAtEveryDeliveryStepDeliversEachKeyOnce) {
                             "delivery.after_barrier"}) {
     for (int nth : {1, 2}) {
       SCOPED_TRACE(absl::StrCat(point, " #", nth));
-      Rig rig(TempDir(absl::StrCat("crash-", point, "-", nth)));
+      Rig rig(consumer::testing::TestDir(absl::StrCat("crash-", point, "-", nth)));
       LoadReorgingChain(rig.provider("fin"));
       std::atomic<bool> fired{false};
       auto count = std::make_shared<std::atomic<int>>(0);
@@ -293,7 +268,7 @@ TEST(Effects, RefusalsBecomeTheDocumentedHoldOrQuarantine) {
        {handoff::v1::DELIVERY_GATE_IMMEDIATE, handoff::v1::DELIVERY_GATE_FINALIZED}) {
     for (const Case& c : cases) {
       SCOPED_TRACE(absl::StrCat(c.name, " gate ", gate));
-      Rig rig(TempDir(absl::StrCat("refusal-", c.name, "-", gate)));
+      Rig rig(consumer::testing::TestDir(absl::StrCat("refusal-", c.name, "-", gate)));
       rig.provider("src").SetPage(
           "100", WithMarks(MakePage(100, 102, {MakeRow(100), MakeRow(101), MakeRow(102)}, "c1"),
                            102, 102));
@@ -354,7 +329,7 @@ TEST(Effects, RefusalsBecomeTheDocumentedHoldOrQuarantine) {
 }
 
 TEST(Effects, UnavailableSinkBacksOffWithoutSpinningOrBlockingOthers) {
-  Rig rig(TempDir("slow"));
+  Rig rig(consumer::testing::TestDir("slow"));
   rig.provider("down").SetPage("100", MakePage(100, 100, {MakeRow(100)}, "c1"));
   rig.provider("local").SetPage("100", MakePage(100, 100, {MakeRow(100)}, "c1"));
   handoff::sim::v1::FaultConfig faults;

@@ -24,30 +24,6 @@ using consumer::testing::FakeSink;
 using consumer::testing::MakePage;
 using consumer::testing::MakeRow;
 
-std::string TempDir(const std::string& name) {
-  const char* base = getenv("TEST_TMPDIR");
-  return absl::StrCat(base != nullptr ? base : "/tmp", "/", name);
-}
-
-class Forward : public consumer::Provider {
- public:
-  explicit Forward(FakeProvider* p) : p_(p) {}
-  consumer::FetchResult Fetch(const std::string& c) override {
-    if (cancelled_.load()) {
-      consumer::Refusal r;
-      r.kind = consumer::RefusalKind::kCancelled;
-      return consumer::FetchResult::Refused(r);
-    }
-    return p_->Fetch(c);
-  }
-  void Cancel() override { cancelled_.store(true); }
-  void Close() override {}
-
- private:
-  FakeProvider* p_;
-  std::atomic<bool> cancelled_{false};
-};
-
 class ForwardSink : public consumer::ExternalSink {
  public:
   explicit ForwardSink(FakeSink* s) : s_(s) {}
@@ -65,7 +41,7 @@ class ForwardSink : public consumer::ExternalSink {
 class ManagerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = TempDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = consumer::testing::TestDir(::testing::UnitTest::GetInstance()->current_test_info()->name());
     Open();
   }
   void TearDown() override {
@@ -83,7 +59,7 @@ class ManagerTest : public ::testing::Test {
     mo.worker.fetch_backoff.max = absl::Seconds(30);
     mo.factories.provider = [this](const handoff::v1::SourceSpec& spec)
         -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
-      return std::unique_ptr<consumer::Provider>(new Forward(&providers_[spec.id()]));
+      return std::unique_ptr<consumer::Provider>(new consumer::testing::ForwardingProvider(&providers_[spec.id()]));
     };
     mo.factories.external_sink = [this](const handoff::v1::SourceSpec&)
         -> absl::StatusOr<std::unique_ptr<consumer::ExternalSink>> {

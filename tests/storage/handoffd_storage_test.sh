@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Runs tests/storage/handoffd_storage_test.py with Debian's python3-grpcio
+# (always /usr/bin/python3: the python3 on PATH may lack it).
+set -euo pipefail
+if ! /usr/bin/python3 -c 'import grpc, grpc_tools' 2>/dev/null; then
+  echo "python3-grpcio and python3-grpc-tools are missing: run scripts/setup" >&2
+  exit 1
+fi
+exec /usr/bin/python3 "$(dirname "$0")/handoffd_storage_test.py" --handoffd="$1" \
+  --provider_sim="$2" --sample_sink="$3" --proto_dir="$4" --sink_proto_dir="$5" \
+  --procs_dir="$6"

@@ -1,6 +1,7 @@
 #include "consumer/page_attempt.h"
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
 #include <utility>
 
@@ -428,13 +429,19 @@ PageAttempt::Result PageAttempt::ProcessLocal() {
 PageAttempt::Result PageAttempt::ProcessWithSink() {
   const size_t n = slots_.size();
   const size_t max_batch = static_cast<size_t>(std::max(1, config_.sink->max_batch()));
+  // Group commit: up to per_step events are delivered, in calls of at most max_batch,
+  // before their answers are recorded in one durable step (one fsync for several sink
+  // calls). A crash in between replays them with the same idempotency keys, exactly as
+  // a crash after a single call would.
+  const size_t per_step =
+      std::max(max_batch, static_cast<size_t>(std::max(1, config_.max_events_per_step)));
   while (true) {
     const size_t first = FirstNonTerminal();
     if (first >= n) return Barrier();
     if (Cancelled()) return Make(Kind::kCancelled);
     const absl::Time now = absl::Now();
     std::vector<size_t> batch;
-    for (size_t j = first; j < n && batch.size() < max_batch; ++j) {
+    for (size_t j = first; j < n && batch.size() < per_step; ++j) {
       const Slot& s = slots_[j];
       if (s.state == SlotState::kTerminal) continue;
       if (s.state == SlotState::kHeld) break;
@@ -459,18 +466,34 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
       return Barrier();
     }
 
-    std::vector<Delivery> deliveries(batch.size());
-    for (size_t k = 0; k < batch.size(); ++k) {
-      const handoff::v1::EventRow& row = page_.items[batch[k]];
-      deliveries[k].idempotency_key = IdempotencyKey(config_.source_id, row);
-      deliveries[k].row = &row;
-      deliveries[k].finality = FinalityOf(row);
+    std::vector<SinkAnswer> answers;
+    for (size_t sent = 0; sent < batch.size();) {
+      const size_t count = std::min(max_batch, batch.size() - sent);
+      std::vector<Delivery> deliveries(count);
+      for (size_t k = 0; k < count; ++k) {
+        const handoff::v1::EventRow& row = page_.items[batch[sent + k]];
+        deliveries[k].idempotency_key = IdempotencyKey(config_.source_id, row);
+        deliveries[k].row = &row;
+        deliveries[k].finality = FinalityOf(row);
+      }
+      std::vector<SinkAnswer> part = config_.sink->Deliver(config_.source_id, deliveries);
+      part.resize(count);  // a missing answer is a transport error
+      if (FaultPoints::Hit(PointName(config_.stage, "after_deliver"))) {
+        return Make(Kind::kCrashed, "after_deliver");
+      }
+      if (Cancelled()) return Make(Kind::kCancelled);
+      sent += count;
+      const bool clean = std::all_of(part.begin(), part.end(), [](const SinkAnswer& a) {
+        return a.kind == SinkAnswer::Kind::kApplied ||
+               a.kind == SinkAnswer::Kind::kAlreadyApplied ||
+               a.kind == SinkAnswer::Kind::kIgnored;
+      });
+      answers.insert(answers.end(), std::make_move_iterator(part.begin()),
+                     std::make_move_iterator(part.end()));
+      // Anything but a clean answer ends the group: its hold, retry or quarantine is
+      // made durable before a later event is sent.
+      if (!clean) batch.resize(sent);
     }
-    std::vector<SinkAnswer> answers = config_.sink->Deliver(config_.source_id, deliveries);
-    if (FaultPoints::Hit(PointName(config_.stage, "after_deliver"))) {
-      return Make(Kind::kCrashed, "after_deliver");
-    }
-    if (Cancelled()) return Make(Kind::kCancelled);
 
     std::unique_ptr<store::StepBatch> step = NewStep();
     std::vector<size_t> newly;

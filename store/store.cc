@@ -41,10 +41,20 @@ rocksdb::ColumnFamilyOptions FamilyOptions(const StoreOptions& options,
   cf.write_buffer_size = options.write_buffer_bytes;
   cf.max_write_buffer_number = 4;
   cf.min_write_buffer_number_to_merge = 1;
-  // Rows are mostly hex text that compresses well; LZ4 is cheap on the flush path and
-  // leaves the WAL (the synced bytes) untouched.
-  cf.compression = rocksdb::kLZ4Compression;
-  cf.bottommost_compression = rocksdb::kZSTD;
+  // L1 holds about what L0 holds when it compacts (4 memtables' worth).
+  cf.max_bytes_for_level_base = 4 * options.write_buffer_bytes;
+  // Rows are mostly hex text that compresses about 2x. Ingest is CPU-bound on small
+  // machines (bench/REPORT.md, History), and with ZSTD on the bottommost level every
+  // early compaction (L1 is the bottommost level of a young database) cost about half
+  // the CPU of a bare write loop. So: no compression where data is rewritten soon (L0,
+  // L1: flushes and the first compaction), LZ4 (cheap, ~0.5 GB/s) below, where data
+  // settles. The WAL (the synced bytes) is never compressed.
+  cf.compression = rocksdb::kNoCompression;
+  cf.compression_per_level = {rocksdb::kNoCompression, rocksdb::kNoCompression,
+                              rocksdb::kLZ4Compression, rocksdb::kLZ4Compression,
+                              rocksdb::kLZ4Compression, rocksdb::kLZ4Compression,
+                              rocksdb::kLZ4Compression};
+  cf.bottommost_compression = rocksdb::kDisableCompressionOption;  // per level, above
   rocksdb::BlockBasedTableOptions table;
   table.block_cache = cache;
   if (point_lookups) {
@@ -90,6 +100,10 @@ RocksOptions StoreRocksOptions(const StoreOptions& options) {
   db_options.bytes_per_sync = 1 << 20;
   db_options.keep_log_file_num = 5;
   db_options.max_total_wal_size = 256 << 20;
+  // Concurrent commits (many sources) form write groups that share one WAL write and
+  // one fsync; pipelining lets the next group's WAL write overlap this group's memtable
+  // inserts.
+  db_options.enable_pipelined_write = true;
   // Paranoid checks turn background write errors into a stopped DB rather than
   // silently continuing.
   db_options.paranoid_checks = true;

@@ -21,6 +21,8 @@ namespace handoff::consumer {
 namespace {
 
 constexpr size_t kMaxErrorBody = 64 * 1024;
+// A prefetched page older than this is fetched again rather than handed out.
+constexpr absl::Duration kMaxPrefetchAge = absl::Seconds(5);
 constexpr size_t kMaxMessage = 300;
 
 std::string UrlEscape(absl::string_view s) {
@@ -390,6 +392,11 @@ absl::StatusOr<std::unique_ptr<HttpProvider>> HttpProvider::Create(HttpProviderO
 
 HttpProvider::~HttpProvider() {
   cancelled_.store(true);
+  if (prefetch_thread_.joinable()) {
+    stop_prefetch_.store(true);
+    session_->Wakeup();
+    prefetch_thread_.join();
+  }
   absl::MutexLock lock(&lifecycle_mu_);
   StopReader();
 }
@@ -518,6 +525,45 @@ FetchResult TooLarge(size_t max) {
 }  // namespace
 
 FetchResult HttpProvider::FetchPoll(const std::string& cursor) {
+  std::optional<FetchResult> result = TakePrefetch(cursor);
+  if (!result.has_value()) result = PollOnce(cursor, nullptr);
+  if (options_.poll_prefetch && result->page.has_value() && result->page->next != cursor &&
+      !cancelled_.load()) {
+    StartPrefetch(result->page->next);
+  }
+  return *std::move(result);
+}
+
+void HttpProvider::StartPrefetch(const std::string& cursor) {
+  prefetch_cursor_ = cursor;
+  prefetch_generation_ = close_generation_.load();
+  prefetch_started_ = absl::Now();
+  prefetch_result_.reset();
+  stop_prefetch_.store(false);
+  prefetch_thread_ = std::thread([this, cursor] {
+    prefetch_result_ = PollOnce(cursor, &stop_prefetch_);
+  });
+}
+
+std::optional<FetchResult> HttpProvider::TakePrefetch(const std::string& cursor) {
+  if (!prefetch_thread_.joinable()) return std::nullopt;
+  if (prefetch_cursor_ != cursor) {
+    // The engine did not commit the page the prefetch followed: drop the speculation.
+    stop_prefetch_.store(true);
+    session_->Wakeup();
+  }
+  prefetch_thread_.join();
+  std::optional<FetchResult> result = std::move(prefetch_result_);
+  prefetch_result_.reset();
+  const bool usable = prefetch_cursor_ == cursor && result.has_value() &&
+                      result->page.has_value() &&
+                      prefetch_generation_ == close_generation_.load() &&
+                      absl::Now() - prefetch_started_ < kMaxPrefetchAge;
+  if (!usable) return std::nullopt;
+  return result;
+}
+
+FetchResult HttpProvider::PollOnce(const std::string& cursor, const std::atomic<bool>* stop) {
   CurlSession::Request req;
   req.url = Url("/v1/pages", cursor);
   req.headers.push_back("Accept: application/json");
@@ -529,8 +575,9 @@ FetchResult HttpProvider::FetchPoll(const std::string& cursor) {
   req.total_timeout = options_.response_timeout;
   BodyHandler handler(&body_, options_.max_page_bytes, PageParser::Padding());
   const uint64_t generation = close_generation_.load();
-  CurlSession::Result result = session_->Run(req, &handler, [this, generation] {
-    return cancelled_.load() || close_generation_.load() != generation;
+  CurlSession::Result result = session_->Run(req, &handler, [this, generation, stop] {
+    return cancelled_.load() || close_generation_.load() != generation ||
+           (stop != nullptr && stop->load());
   });
   if (cancelled_.load()) return Cancelled();
   if (result.interrupted) return Transient("closed", "connection closed by Close()");

@@ -2,6 +2,16 @@
 //
 // Polling (TRANSPORT_POLL): every Fetch(c) is one GET {base}/v1/pages?...&from=c on a
 // kept libcurl handle (so the connection is reused), parsed on the calling thread.
+// Prefetch (poll_prefetch): when Fetch(c) returns a page whose `next` N differs from c,
+// a helper thread at once requests and parses the page for N, so fetching and parsing
+// overlap the engine's commit of the current page. The speculative page is only handed
+// out by a later Fetch(N), that is, once the engine has durably committed N as its
+// resume cursor (the barrier); any other Fetch(c') (a failed or lost commit rereads an
+// older cursor), a Close() or a refusal discards it, and so does age (a prefetched page
+// older than kMaxPrefetchAge is fetched again). Nothing of a speculative page is
+// published or applied before its cursor is committed, so "the next request only after
+// the page is committed" still holds for everything the engine acts on; the provider
+// merely sees the read earlier.
 // SSE (TRANSPORT_SSE): a reader thread holds GET {base}/v1/stream open, parses frames
 // and pages as they arrive, and buffers at most `sse_buffered_pages` pages ahead (then
 // stops reading the socket), so fetching and parsing overlap the engine's commit.
@@ -74,6 +84,8 @@ struct HttpProviderOptions {
   absl::Duration sse_silence_timeout = absl::Seconds(60);
   // Pages the SSE reader may hold ahead of Fetch (at least 1).
   size_t sse_buffered_pages = 2;
+  // Polling: prefetch the next page while the current one commits (see above).
+  bool poll_prefetch = true;
   std::string user_agent = "handoff/1";
 };
 
@@ -105,6 +117,13 @@ class HttpProvider : public Provider {
 
   std::string Url(absl::string_view path, const std::string& from) const;
   FetchResult FetchPoll(const std::string& cursor);
+  // One polled request and its parse. Runs on the Fetch thread or the prefetch thread,
+  // never both at once (FetchPoll joins the prefetch first).
+  FetchResult PollOnce(const std::string& cursor, const std::atomic<bool>* stop);
+  // The prefetched result for `cursor`, if any and still usable; always ends (joins) a
+  // prefetch in flight. Called on the Fetch thread only.
+  std::optional<FetchResult> TakePrefetch(const std::string& cursor);
+  void StartPrefetch(const std::string& cursor);
   FetchResult FetchStream(const std::string& cursor);
   void ReaderMain(std::string cursor, uint64_t stream_id);
   // Pushes a page, waiting for room. False when the reader must stop.
@@ -125,9 +144,16 @@ class HttpProvider : public Provider {
   std::atomic<uint64_t> close_generation_{0};
   std::atomic<bool> stop_reader_{false};
 
-  // Used only by the thread that calls Fetch (polling).
+  // Used only by the thread that calls Fetch (polling), or by the prefetch thread while
+  // the Fetch thread is elsewhere (handed over by thread start and join).
   PageParser poll_parser_;
   std::string body_;
+  std::thread prefetch_thread_;
+  std::string prefetch_cursor_;
+  uint64_t prefetch_generation_ = 0;
+  absl::Time prefetch_started_;
+  std::optional<FetchResult> prefetch_result_;  // written by the prefetch thread
+  std::atomic<bool> stop_prefetch_{false};
 
   // Serialises starting and stopping the SSE reader (Fetch vs Close).
   absl::Mutex lifecycle_mu_ ABSL_ACQUIRED_BEFORE(mu_);

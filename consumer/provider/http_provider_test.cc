@@ -106,6 +106,36 @@ TEST_F(HttpProviderTest, PollWalksTheChainAndMatchesCanonical) {
   EXPECT_TRUE(latest.items.empty());
 }
 
+// The prefetched page is handed out only to Fetch(next) and equals a fresh request's
+// page; a Fetch of any other cursor (a commit that failed) or a Close() discards it.
+TEST_F(HttpProviderTest, PollPrefetchIsHandedOutOnlyForTheCommittedNext) {
+  auto p = Make(Options(handoff::v1::TRANSPORT_POLL));
+  HttpProviderOptions plain_options = Options(handoff::v1::TRANSPORT_POLL);
+  plain_options.poll_prefetch = false;
+  auto plain = Make(std::move(plain_options));
+  Page first = ExpectPage(p->Fetch("0"));
+  ASSERT_FALSE(first.items.empty());
+  ASSERT_NE(first.next, "0");
+  // The commit "failed": the engine asks for "0" again and gets the same page.
+  Page again = ExpectPage(p->Fetch("0"));
+  EXPECT_EQ(again.from, first.from);
+  EXPECT_EQ(again.next, first.next);
+  EXPECT_EQ(again.items.size(), first.items.size());
+  // Committed: Fetch(next) gets what a fresh, unprefetched request gets.
+  Page second = ExpectPage(p->Fetch(first.next));
+  Page fresh = ExpectPage(plain->Fetch(first.next));
+  EXPECT_EQ(second.from, fresh.from);
+  EXPECT_EQ(second.next, fresh.next);
+  ASSERT_EQ(second.items.size(), fresh.items.size());
+  for (size_t i = 0; i < fresh.items.size(); ++i) {
+    EXPECT_EQ(second.items[i].SerializeAsString(), fresh.items[i].SerializeAsString()) << i;
+  }
+  // A Close() drops the speculation; the next Fetch still answers correctly.
+  p->Close();
+  Page third = ExpectPage(p->Fetch(second.next));
+  EXPECT_EQ(third.from, ExpectPage(plain->Fetch(second.next)).from);
+}
+
 struct RefusalCase {
   Fault fault;
   RefusalKind kind;
@@ -115,7 +145,11 @@ struct RefusalCase {
 };
 
 TEST_F(HttpProviderTest, PollRefusalsFollowTheContractTable) {
-  auto p = Make(Options(handoff::v1::TRANSPORT_POLL));
+  HttpProviderOptions o = Options(handoff::v1::TRANSPORT_POLL);
+  // Each armed one-shot fault must reach the request this test makes next; a speculative
+  // prefetch after the previous page could take it (PollPrefetch* tests cover prefetch).
+  o.poll_prefetch = false;
+  auto p = Make(std::move(o));
   std::vector<RefusalCase> cases = {
       {Fault::kChainUnavailable, RefusalKind::kRetryAfter, 503, "chain_unavailable", absl::Seconds(7)},
       {Fault::kRateLimited, RefusalKind::kRetryAfter, 429, "rate_limited", absl::Seconds(3)},

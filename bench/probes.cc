@@ -66,7 +66,11 @@ class CountingObserver : public consumer::EngineObserver {
     absl::MutexLock lock(&mu_);
     if (commits_ == 0) first_commit_ = absl::Now();
     ++commits_;
-    per_source_[std::string(id)] += events;
+    const std::string key(id);
+    per_source_[key] += events;
+    const absl::Time now = absl::Now();
+    if (!first_.count(key)) first_[key] = now;
+    last_[key] = now;
     total_ += events;
   }
   void OnStateChange(absl::string_view id, handoff::v1::SourceState state,
@@ -113,6 +117,16 @@ class CountingObserver : public consumer::EngineObserver {
     absl::MutexLock lock(&mu_);
     return per_source_;
   }
+  // Events/s of each source over its own active span (first to last commit).
+  std::vector<double> ActiveRates() {
+    absl::MutexLock lock(&mu_);
+    std::vector<double> out;
+    for (const auto& [id, n] : per_source_) {
+      const double secs = absl::ToDoubleSeconds(last_[id] - first_[id]);
+      if (secs > 0) out.push_back(n / secs);
+    }
+    return out;
+  }
 
  private:
   absl::Mutex mu_;
@@ -120,6 +134,8 @@ class CountingObserver : public consumer::EngineObserver {
   int64_t commits_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time first_commit_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> per_source_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, absl::Time> first_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, absl::Time> last_ ABSL_GUARDED_BY(mu_);
   std::string error_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -342,7 +358,14 @@ json E2e(const ProbeArgs& a) {
     mn = std::min(mn, v);
     mx = std::max(mx, v);
   }
-  return json{{"events", obs.total()},
+  const std::vector<double> rates = obs.ActiveRates();
+  const double rmin = rates.empty() ? 0 : *std::min_element(rates.begin(), rates.end());
+  const double rmax = rates.empty() ? 0 : *std::max_element(rates.begin(), rates.end());
+  return json{{"rate_min_eps", rmin},
+              {"rate_max_eps", rmax},
+              {"rate_fairness", rmax > 0 ? rmin / rmax : 0.0},
+              {"started_by_half", std::count_if(half.begin(), half.end(),
+                                                [](const auto& kv) { return kv.second > 0; })},{"events", obs.total()},
               {"seconds", secs},
               {"events_per_s", obs.total() / secs},
               {"commits", obs.commits()},

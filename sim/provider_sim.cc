@@ -343,7 +343,11 @@ void ProviderSim::HandlePages(const httplib::Request& req, httplib::Response& re
   PageContent page;
   std::string next;
   if (Fire(Fault::kNonAdvancingCursor)) {
-    page = chain_.BuildPage(CursorPosition{chain_.View().head + 1, 0}, p.limit);
+    // An empty page at the head. Built at the current epoch: epoch 0 would make it a
+    // correction page (reorg: true, full of items) after any reorg, with next == the
+    // request cursor: a contract violation instead of the empty page this fault means.
+    const ChainView v = chain_.View();
+    page = chain_.BuildPage(CursorPosition{v.head + 1, v.epoch}, p.limit);
     page.from = p.position.block;
     next = p.from;
   } else {
@@ -423,7 +427,9 @@ bool ProviderSim::StreamStep(Stream& s, httplib::DataSink& sink) {
   std::string next;
   if (has_page) {
     if (Fire(Fault::kNonAdvancingCursor)) {
-      page = chain_.BuildPage(CursorPosition{chain_.View().head + 1, 0}, s.params.limit);
+      // The current epoch, as in HandlePages: an empty page, never a correction.
+      const ChainView v = chain_.View();
+      page = chain_.BuildPage(CursorPosition{v.head + 1, v.epoch}, s.params.limit);
       page.from = s.position.block;
       next = s.cursor;
     } else {

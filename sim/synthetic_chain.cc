@@ -98,6 +98,7 @@ PageContent SyntheticChain::BuildPage(CursorPosition cursor, uint32_t limit,
   // and an overlap there would repeat applied blocks under the request cursor itself
   // (items with a cursor that does not advance, which breaks the contract). Found by
   // tests/torture.
+  const uint64_t unshifted = start;
   if (faults.overlap && !page.reorg && start <= head_) {
     start = std::max(options_.genesis, start >= 2 ? start - 2 : 0);
   }
@@ -113,7 +114,10 @@ PageContent SyntheticChain::BuildPage(CursorPosition cursor, uint32_t limit,
   uint64_t blocks = per_block == 0 ? options_.max_blocks_per_page
                                    : std::max<uint64_t>(1, limit / per_block);
   blocks = std::min<uint64_t>(blocks, std::max<uint32_t>(1, options_.max_blocks_per_page));
-  uint64_t through = std::min(head_, start + blocks - 1);
+  // An overlapping page still advances: its span counts from the unshifted start (counted
+  // from the shifted one, a page of at most two blocks ended just below the cursor: items
+  // with next == the request cursor). Found by tests/provider:long_run_test.
+  uint64_t through = std::min(head_, unshifted + blocks - 1);
   // A correction covers at least everything the client applied.
   if (page.reorg && cursor.block > 0) through = std::max(through, std::min(head_, cursor.block - 1));
   page.through = through;

@@ -111,7 +111,9 @@ void SourceManagerImpl::Shutdown() {
 bool SourceManagerImpl::IsRunning(absl::string_view id) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(id);
-  return it != workers_.end() && !it->second->finished();
+  // A halted worker publishes its state just before its threads exit: it counts as
+  // stopped (StopLocked joins it).
+  return it != workers_.end() && !it->second->finished() && !it->second->halted();
 }
 
 SourceWorker* SourceManagerImpl::WorkerForTest(absl::string_view id) {

@@ -96,6 +96,8 @@ class SourceWorker {
 
   // True once every thread has exited (stopped, halted or crashed).
   bool finished() const ABSL_LOCKS_EXCLUDED(mu_);
+  // True once the worker halted (its threads are exiting or gone).
+  bool halted() const { return halted_.load(); }
   // True if a fault point abandoned the worker (tests).
   bool crashed() const { return crashed_.load(); }
   const std::string& id() const { return spec_.id(); }

@@ -237,12 +237,14 @@ std::unique_ptr<store::StepBatch> PageAttempt::NewStep() {
   return step;
 }
 
+// Deletes the durable outcomes the page replaces. Quarantine records are kept: they are
+// the audit trail of a decision (they carry the orphaned block hash), and a new event at
+// the same position gets its own record if it is quarantined too.
 void PageAttempt::StageOrphans(store::StepBatch* step) {
   if (!orphans_pending_) return;
   for (Position pos : orphans_) {
     step->DeleteRow(pos);
     step->DeleteReceipt(store::Stage::kIngest, pos);
-    step->DeleteQuarantine(store::Stage::kIngest, pos);
     step->DeleteHold(store::Stage::kIngest, pos);
     if (config_.write_outbox) {
       step->DeleteOutbox(pos);

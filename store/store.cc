@@ -107,6 +107,11 @@ RocksOptions StoreRocksOptions(const StoreOptions& options) {
   // Paranoid checks turn background write errors into a stopped DB rather than
   // silently continuing.
   db_options.paranoid_checks = true;
+  // No automatic resume after a background write error (a full disk): RocksDB's
+  // recovery would write and sync the WAL file that just failed again, which Debian's
+  // assertion-enabled librocksdb aborts on. A failed store stays failed (sticky, see
+  // health()); the operator frees space and restarts the process.
+  db_options.max_bgerror_resume_count = 0;
   if (options.env != nullptr) db_options.env = options.env;
   auto cache = rocksdb::NewLRUCache(options.block_cache_bytes);
   for (int i = 0; i < kFamilyCount; ++i) {
@@ -178,6 +183,10 @@ Store::Store(const StoreOptions& options, rocksdb::DB* db,
 }
 
 Store::~Store() {
+  // After a write failure, closing must not flush or sync again (see Open).
+  if (!health().ok()) {
+    db_->SetDBOptions({{"avoid_flush_during_shutdown", "true"}}).PermitUncheckedError();
+  }
   for (rocksdb::ColumnFamilyHandle* h : handles_) db_->DestroyColumnFamilyHandle(h);
   handles_.clear();
   // Close reports background errors; nothing more can be done with them at this point.

@@ -1,6 +1,7 @@
 #include "store/store.h"
 
 #include <openssl/sha.h>
+#include <sys/statvfs.h>
 
 #include <utility>
 
@@ -247,9 +248,25 @@ absl::Status Store::CheckWritable(absl::string_view operation) const {
                                                     write_failure_.message()));
 }
 
+absl::Status Store::CheckFreeSpace(size_t bytes) const {
+  struct statvfs fs;
+  if (statvfs(options_.path.c_str(), &fs) != 0) return absl::OkStatus();  // cannot tell
+  const uint64_t total = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
+  const uint64_t free = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+  const uint64_t reserve = std::min<uint64_t>(options_.min_free_disk_bytes, total / 4);
+  // The WAL record, and later its memtable flush, need about twice the batch.
+  if (free < reserve + 2 * static_cast<uint64_t>(bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "storage: the disk of ", options_.path, " is nearly full (", free,
+        " bytes free, reserve ", reserve, "); refusing to write: free space, then restart"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Store::Write(rocksdb::WriteBatch* batch, absl::string_view operation) {
   RETURN_IF_ERROR(CheckWritable(operation));
-  absl::Status s = FromRocks(db_->Write(write_options_, batch), operation);
+  absl::Status s = CheckFreeSpace(batch->GetDataSize());
+  if (s.ok()) s = FromRocks(db_->Write(write_options_, batch), operation);
   if (!s.ok()) {
     absl::MutexLock lock(&health_mu_);
     if (write_failure_.ok()) write_failure_ = s;

@@ -68,6 +68,10 @@ struct StoreOptions {
   size_t write_buffer_bytes = 64 << 20;
   // Block cache shared by all column families.
   size_t block_cache_bytes = 64 << 20;
+  // Free space kept in reserve on the data filesystem: a write that would leave less
+  // (min(this, a quarter of the filesystem)) is refused as a storage failure before
+  // RocksDB meets ENOSPC, which Debian's assertion-enabled librocksdb cannot survive.
+  uint64_t min_free_disk_bytes = 256ull << 20;
 };
 
 // The fence of a write: what the attempt believes the checkpoint is.
@@ -200,6 +204,8 @@ class Store {
         std::vector<rocksdb::ColumnFamilyHandle*> handles);
 
   absl::Status CheckSchema();
+  // RESOURCE_EXHAUSTED when writing `bytes` would eat into the free-space reserve.
+  absl::Status CheckFreeSpace(size_t bytes) const;
   absl::Mutex* SourceLock(absl::string_view id) ABSL_LOCKS_EXCLUDED(locks_mu_);
   absl::Status Write(rocksdb::WriteBatch* batch, absl::string_view operation)
       ABSL_LOCKS_EXCLUDED(health_mu_);

@@ -148,24 +148,19 @@ def disk_full(args, workdir):
         df = subprocess.run(["df", "-k", mnt], stdout=subprocess.PIPE).stdout.decode()
         halted = None
         if p == "dead":
-            # KNOWN ISSUE (issue 8 report): on a real ENOSPC, Debian's librocksdb (built
-            # with assertions) aborts the process in
-            # WritableFileWriter::AssertFalseAndGetStatusForPrevError instead of the
-            # store reporting the failure. Nothing is lost (a crash is a kill -9), and
-            # recovery is still checked below, but the documented STORAGE_FAILED +
-            # NOT_SERVING does not happen. Strict mode makes it a failure.
+            # Debian's librocksdb is built with assertions and aborts once a WAL write
+            # met ENOSPC; the store therefore keeps a free-space reserve and refuses the
+            # write first (StoreOptions::min_free_disk_bytes). Dying here is a failure.
             server.wait_exit()
             last = server.log_text().strip().splitlines()[-1]
-            msg = "handoffd died on a full disk instead of STORAGE_FAILED: %s\n%s" % (
-                last, df.strip())
-            if os.environ.get("HANDOFF_STORAGE_STRICT"):
-                raise AssertionError(msg)
-            log("KNOWN ISSUE - " + msg)
-        else:
+            raise AssertionError("handoffd died on a full disk instead of STORAGE_FAILED: "
+                                 "%s\n%s" % (last, df.strip()))
+        if True:
             log("ok - STORAGE_FAILED: reason %r, last_error %d %r (applied %d:%d)\n%s" % (
                 p.reason, p.last_error.code, p.last_error.message, p.checkpoint.applied_block,
                 p.checkpoint.applied_log_index, df.strip()))
-            assert "space" in p.last_error.message.lower(), p.last_error.message
+            assert "full" in p.last_error.message.lower() or \
+                "space" in p.last_error.message.lower(), p.last_error.message
             assert p.checkpoint.applied_block < head, "the disk did not fill up before the end"
             wait_until("health NOT_SERVING", lambda: server.health("") ==
                        health_pb2.HealthCheckResponse.NOT_SERVING, 30)

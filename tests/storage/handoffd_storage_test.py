@@ -155,28 +155,27 @@ def disk_full(args, workdir):
             last = server.log_text().strip().splitlines()[-1]
             raise AssertionError("handoffd died on a full disk instead of STORAGE_FAILED: "
                                  "%s\n%s" % (last, df.strip()))
-        if True:
-            log("ok - STORAGE_FAILED: reason %r, last_error %d %r (applied %d:%d)\n%s" % (
-                p.reason, p.last_error.code, p.last_error.message, p.checkpoint.applied_block,
-                p.checkpoint.applied_log_index, df.strip()))
-            assert "full" in p.last_error.message.lower() or \
-                "space" in p.last_error.message.lower(), p.last_error.message
-            assert p.checkpoint.applied_block < head, "the disk did not fill up before the end"
-            wait_until("health NOT_SERVING", lambda: server.health("") ==
-                       health_pb2.HealthCheckResponse.NOT_SERVING, 30)
-            probe = grpc.insecure_channel("127.0.0.1:%d" % server.health_port)
-            from th_health import health_pb2_grpc
-            st = health_pb2_grpc.HealthStub(probe).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=10).status
-            probe.close()
-            assert st == health_pb2.HealthCheckResponse.NOT_SERVING, st
-            log("ok - grpc.health.v1 NOT_SERVING (admin port and probe port)")
-            halted = p.checkpoint
-            again = progress()
-            assert again.checkpoint == halted, "the checkpoint moved after STORAGE_FAILED"
-            # The process stops (SIGTERM; its exit code may report the failure).
-            rc = server.stop(expect_rc=None)
-            log("ok - handoffd stopped with exit code %d after the storage failure" % rc)
+        log("ok - STORAGE_FAILED: reason %r, last_error %d %r (applied %d:%d)\n%s" % (
+            p.reason, p.last_error.code, p.last_error.message, p.checkpoint.applied_block,
+            p.checkpoint.applied_log_index, df.strip()))
+        assert "full" in p.last_error.message.lower() or \
+            "space" in p.last_error.message.lower(), p.last_error.message
+        assert p.checkpoint.applied_block < head, "the disk did not fill up before the end"
+        wait_until("health NOT_SERVING", lambda: server.health("") ==
+                   health_pb2.HealthCheckResponse.NOT_SERVING, 30)
+        probe = grpc.insecure_channel("127.0.0.1:%d" % server.health_port)
+        from th_health import health_pb2_grpc
+        st = health_pb2_grpc.HealthStub(probe).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=10).status
+        probe.close()
+        assert st == health_pb2.HealthCheckResponse.NOT_SERVING, st
+        log("ok - grpc.health.v1 NOT_SERVING (admin port and probe port)")
+        halted = p.checkpoint
+        again = progress()
+        assert again.checkpoint == halted, "the checkpoint moved after STORAGE_FAILED"
+        # The process stops (SIGTERM; its exit code may report the failure).
+        rc = server.stop(expect_rc=None)
+        log("ok - handoffd stopped with exit code %d after the storage failure" % rc)
 
         # The operator frees space: the tmpfs grows. Then the process restarts.
         r = subprocess.run(["mount", "-o", "remount,size=512m", mnt], stdout=subprocess.PIPE,

@@ -144,17 +144,7 @@ consumer::Factories BenchFactories() {
   consumer::Factories f;
   f.provider = [](const handoff::v1::SourceSpec& spec)
       -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
-    consumer::HttpProviderOptions o;
-    o.base_url = spec.provider_url();
-    o.chain = spec.chain();
-    o.source = spec.source();
-    o.filter = spec.filter();
-    o.page_limit = spec.page_limit();
-    o.transport = spec.transport();
-    absl::StatusOr<std::unique_ptr<consumer::HttpProvider>> p =
-        consumer::HttpProvider::Create(std::move(o));
-    if (!p.ok()) return p.status();
-    return std::unique_ptr<consumer::Provider>(*std::move(p));
+    return consumer::MakeHttpProvider(consumer::OptionsForSpec(spec));
   };
   f.external_sink = [](const handoff::v1::SourceSpec& spec) {
     return consumer::MakeExternalSink(spec);

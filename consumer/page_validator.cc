@@ -15,6 +15,35 @@ std::optional<Position> AppliedOf(const store::CheckpointRecord& cp) {
   return Position{cp.applied_block(), cp.applied_log_index()};
 }
 
+// Lists as orphans the durable outcomes in the ledger (within `in_scope`) that the page
+// does not repeat with the same identity, and rewinds the applied position to below the
+// page: the delete-and-insert rule.
+template <typename InScope>
+void ReplaceDurableOutcomes(const Page& page, const ReceiptLedger& ledger,
+                            const std::optional<Position>& applied, const InScope& in_scope,
+                            PageVerdict* v) {
+  absl::flat_hash_set<std::pair<uint64_t, uint64_t>> same;
+  for (const handoff::v1::EventRow& row : page.items) {
+    const ReceiptLedger::Entry* entry = ledger.Find(PositionOf(row));
+    if (entry != nullptr && entry->terminal_hash == row.block_hash()) {
+      same.insert({row.block_number(), row.log_index()});
+    }
+  }
+  for (const auto& [pos, entry] : ledger.entries()) {
+    bool durable = !entry.terminal_hash.empty() || entry.hold.has_value();
+    if (durable && in_scope(pos) && !same.contains(std::make_pair(pos.block, pos.log_index))) {
+      v->orphans.push_back(pos);
+    }
+  }
+  if (applied.has_value() && *applied >= Position{page.from, 0}) {
+    if (page.from == 0) {
+      v->clear_applied = true;
+    } else {
+      v->rewound_applied = Position{page.from - 1, kMaxIndex};
+    }
+  }
+}
+
 }  // namespace
 
 std::optional<std::pair<Position, Position>> PageRange(const Page& page) {
@@ -124,50 +153,13 @@ PageVerdict ValidatePage(const Page& page, const std::string& request_cursor,
     // Replace the abandoned attempt's durable outcomes that the page does not repeat
     // (same identity: kept and replayed), and rewind the applied position to below the
     // page, exactly as for a correction restricted to the uncommitted blocks.
-    absl::flat_hash_set<std::pair<uint64_t, uint64_t>> same;
-    for (const handoff::v1::EventRow& row : page.items) {
-      const ReceiptLedger::Entry* entry = ledger.Find(PositionOf(row));
-      if (entry != nullptr && entry->terminal_hash == row.block_hash()) {
-        same.insert({row.block_number(), row.log_index()});
-      }
-    }
-    for (const auto& [pos, entry] : ledger.entries()) {
-      bool durable = !entry.terminal_hash.empty() || entry.hold.has_value();
-      if (durable && uncommitted(pos) &&
-          !same.contains(std::make_pair(pos.block, pos.log_index))) {
-        v.orphans.push_back(pos);
-      }
-    }
-    if (applied.has_value() && *applied >= Position{page.from, 0}) {
-      if (page.from == 0) {
-        v.clear_applied = true;
-      } else {
-        v.rewound_applied = Position{page.from - 1, kMaxIndex};
-      }
-    }
+    ReplaceDurableOutcomes(page, ledger, applied, uncommitted, &v);
     return v;
   }
 
   // Correction: the page's range replaces what was applied there.
-  absl::flat_hash_set<std::pair<uint64_t, uint64_t>> same;
-  for (const handoff::v1::EventRow& row : page.items) {
-    const ReceiptLedger::Entry* entry = ledger.Find(PositionOf(row));
-    if (entry != nullptr && entry->terminal_hash == row.block_hash()) {
-      same.insert({row.block_number(), row.log_index()});
-    }
-  }
-  for (const auto& [pos, entry] : ledger.entries()) {
-    bool durable = !entry.terminal_hash.empty() || entry.hold.has_value();
-    if (durable && !same.contains(std::make_pair(pos.block, pos.log_index))) {
-      v.orphans.push_back(pos);
-    }
-  }
+  ReplaceDurableOutcomes(page, ledger, applied, [](Position) { return true; }, &v);
   if (applied.has_value() && *applied >= Position{page.from, 0}) {
-    if (page.from == 0) {
-      v.clear_applied = true;
-    } else {
-      v.rewound_applied = Position{page.from - 1, kMaxIndex};
-    }
     v.correction_depth = applied->block - page.from + 1;
   } else if (cp.has_covered() && cp.covered_through() >= page.from) {
     v.correction_depth = cp.covered_through() - page.from + 1;

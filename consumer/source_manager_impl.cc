@@ -26,10 +26,6 @@ bool IsGated(const handoff::v1::SourceSpec& spec) {
           spec.sink().gate() == handoff::v1::DELIVERY_GATE_FINALIZED);
 }
 
-bool IsHaltedState(handoff::v1::SourceState s) {
-  return s >= handoff::v1::SOURCE_STATE_RESYNC_REQUIRED &&
-         s <= handoff::v1::SOURCE_STATE_STORAGE_FAILED;
-}
 
 store::Stage StageOf(handoff::v1::Stage stage) {
   return stage == handoff::v1::STAGE_DELIVERY ? store::Stage::kDelivery : store::Stage::kIngest;

@@ -9,6 +9,20 @@
 #include "consumer/outcome_policy.h"
 
 namespace handoff::consumer {
+bool IsHaltedState(handoff::v1::SourceState s) {
+  switch (s) {
+    case handoff::v1::SOURCE_STATE_RESYNC_REQUIRED:
+    case handoff::v1::SOURCE_STATE_FUNDING_REQUIRED:
+    case handoff::v1::SOURCE_STATE_AUTH_FAILED:
+    case handoff::v1::SOURCE_STATE_CONFIG_INVALID:
+    case handoff::v1::SOURCE_STATE_PROTOCOL_VIOLATION:
+    case handoff::v1::SOURCE_STATE_STORAGE_FAILED:
+      return true;
+    default:
+      return false;
+  }
+}
+
 handoff::v1::Checkpoint PublicCheckpoint(const store::CheckpointRecord& cp) {
   handoff::v1::Checkpoint out;
   out.set_resume_cursor(cp.resume_cursor());
@@ -23,19 +37,6 @@ namespace {
 
 using Kind = PageAttempt::Result::Kind;
 
-bool IsHalted(handoff::v1::SourceState s) {
-  switch (s) {
-    case handoff::v1::SOURCE_STATE_RESYNC_REQUIRED:
-    case handoff::v1::SOURCE_STATE_FUNDING_REQUIRED:
-    case handoff::v1::SOURCE_STATE_AUTH_FAILED:
-    case handoff::v1::SOURCE_STATE_CONFIG_INVALID:
-    case handoff::v1::SOURCE_STATE_PROTOCOL_VIOLATION:
-    case handoff::v1::SOURCE_STATE_STORAGE_FAILED:
-      return true;
-    default:
-      return false;
-  }
-}
 
 Position Successor(Position p) {
   if (p.log_index == std::numeric_limits<uint64_t>::max()) return Position{p.block + 1, 0};
@@ -162,7 +163,7 @@ void SourceWorker::SetState(handoff::v1::SourceState state, const std::string& r
     p->set_state(state);
     p->set_reason(reason);
     p->set_retry_at_unix_ms(retry_at == absl::InfinitePast() ? 0 : absl::ToUnixMillis(retry_at));
-    if (!IsHalted(state)) p->clear_funding_action();
+    if (!IsHaltedState(state)) p->clear_funding_action();
   });
   if (changed && parts_.observer != nullptr) {
     parts_.observer->OnStateChange(spec_.id(), state, reason);

@@ -57,6 +57,10 @@ struct WorkerOptions {
   absl::Duration delivery_idle_recheck = absl::Seconds(5);
 };
 
+// True for the halted states (RESYNC_REQUIRED .. STORAGE_FAILED): the worker stopped
+// and needs an operator.
+bool IsHaltedState(handoff::v1::SourceState state);
+
 // The public view of a stage's checkpoint.
 handoff::v1::Checkpoint PublicCheckpoint(const store::CheckpointRecord& cp);
 

@@ -59,18 +59,9 @@ consumer::Factories ProductionFactories() {
       -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
     absl::StatusOr<std::string> key = ResolveApiKey(spec);
     if (!key.ok()) return key.status();
-    consumer::HttpProviderOptions options;
-    options.base_url = spec.provider_url();
-    options.chain = spec.chain();
-    options.source = spec.source();
-    options.filter = spec.filter();
-    options.page_limit = spec.page_limit();
-    options.transport = spec.transport();
+    consumer::HttpProviderOptions options = consumer::OptionsForSpec(spec);
     options.api_key = *std::move(key);
-    absl::StatusOr<std::unique_ptr<consumer::HttpProvider>> provider =
-        consumer::HttpProvider::Create(std::move(options));
-    if (!provider.ok()) return provider.status();
-    return std::unique_ptr<consumer::Provider>(*std::move(provider));
+    return consumer::MakeHttpProvider(std::move(options));
   };
   factories.external_sink = [](const handoff::v1::SourceSpec& spec) {
     return consumer::MakeExternalSink(spec);

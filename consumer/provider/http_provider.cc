@@ -365,6 +365,23 @@ HttpProvider::HttpProvider(HttpProviderOptions options)
       base_(absl::StripSuffix(options_.base_url, "/")),
       session_(std::make_unique<CurlSession>()) {}
 
+HttpProviderOptions OptionsForSpec(const handoff::v1::SourceSpec& spec) {
+  HttpProviderOptions o;
+  o.base_url = spec.provider_url();
+  o.chain = spec.chain();
+  o.source = spec.source();
+  o.filter = spec.filter();
+  if (spec.page_limit() != 0) o.page_limit = spec.page_limit();
+  o.transport = spec.transport();
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<Provider>> MakeHttpProvider(HttpProviderOptions options) {
+  absl::StatusOr<std::unique_ptr<HttpProvider>> p = HttpProvider::Create(std::move(options));
+  if (!p.ok()) return p.status();
+  return std::unique_ptr<Provider>(*std::move(p));
+}
+
 absl::StatusOr<std::unique_ptr<HttpProvider>> HttpProvider::Create(HttpProviderOptions options) {
   if (!absl::StartsWith(options.base_url, "http://") &&
       !absl::StartsWith(options.base_url, "https://")) {

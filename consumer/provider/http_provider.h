@@ -91,6 +91,13 @@ struct HttpProviderOptions {
 
 // Maps a refused HTTP response (status != 200) or, with http_status 0, an SSE
 // `event: error` control's data to a Refusal. Exposed for tests.
+// The adapter options a source spec implies: base URL, chain, source, filter, page
+// limit and transport (the API key is resolved by the caller, timeouts keep defaults).
+HttpProviderOptions OptionsForSpec(const handoff::v1::SourceSpec& spec);
+
+// HttpProvider::Create, as the Provider a SourceManager factory returns.
+absl::StatusOr<std::unique_ptr<Provider>> MakeHttpProvider(HttpProviderOptions options);
+
 Refusal ClassifyRefusal(int http_status, absl::string_view body,
                         std::optional<absl::Duration> retry_after_header,
                         std::optional<int64_t> sse_retry_ms);

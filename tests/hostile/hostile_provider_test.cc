@@ -558,18 +558,11 @@ class EngineRig {
     mo.worker.fetch_backoff.max = absl::Milliseconds(20);
     mo.factories.provider = [](const handoff::v1::SourceSpec& spec)
         -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
-      HttpProviderOptions o;
-      o.base_url = spec.provider_url();
-      o.chain = spec.chain();
-      o.source = spec.source();
-      o.filter = spec.filter();
-      o.transport = spec.transport();
+      HttpProviderOptions o = consumer::OptionsForSpec(spec);
       o.read_timeout = absl::Seconds(1);
       o.response_timeout = absl::Seconds(2);
       o.sse_silence_timeout = absl::Seconds(1);
-      absl::StatusOr<std::unique_ptr<HttpProvider>> p = HttpProvider::Create(std::move(o));
-      if (!p.ok()) return p.status();
-      return std::unique_ptr<consumer::Provider>(*std::move(p));
+      return consumer::MakeHttpProvider(std::move(o));
     };
     mo.factories.external_sink = [](const handoff::v1::SourceSpec&) {
       return absl::StatusOr<std::unique_ptr<consumer::ExternalSink>>(nullptr);

@@ -109,19 +109,7 @@ bool RecordingObserver::SawState(const std::string& id, handoff::v1::SourceState
   return false;
 }
 
-bool IsHalted(handoff::v1::SourceState s) {
-  switch (s) {
-    case handoff::v1::SOURCE_STATE_RESYNC_REQUIRED:
-    case handoff::v1::SOURCE_STATE_FUNDING_REQUIRED:
-    case handoff::v1::SOURCE_STATE_AUTH_FAILED:
-    case handoff::v1::SOURCE_STATE_CONFIG_INVALID:
-    case handoff::v1::SOURCE_STATE_PROTOCOL_VIOLATION:
-    case handoff::v1::SOURCE_STATE_STORAGE_FAILED:
-      return true;
-    default:
-      return false;
-  }
-}
+bool IsHalted(handoff::v1::SourceState s) { return consumer::IsHaltedState(s); }
 
 sim::ProviderSimOptions DefaultSimOptions() {
   sim::ProviderSimOptions o;
@@ -178,14 +166,9 @@ void ProviderRigTest::Open() {
   // As server/factories.cc builds it, with test timeouts.
   mo.factories.provider = [this](const handoff::v1::SourceSpec& spec)
       -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
-    consumer::HttpProviderOptions o;
-    o.base_url = spec.provider_url();
-    o.chain = spec.chain();
-    o.source = spec.source();
+    consumer::HttpProviderOptions o = consumer::OptionsForSpec(spec);
     auto override_it = filter_override_.find(spec.id());
-    o.filter = override_it != filter_override_.end() ? override_it->second : spec.filter();
-    o.page_limit = spec.page_limit();
-    o.transport = spec.transport();
+    if (override_it != filter_override_.end()) o.filter = override_it->second;
     if (spec.has_api_key()) {
       const char* key = getenv(spec.api_key().env().c_str());
       if (key == nullptr) return absl::FailedPreconditionError("api_key.env is not set");

@@ -97,17 +97,7 @@ class StorageFaultTest : public ::testing::TestWithParam<FaultCase> {
     mo.worker.fetch_backoff.max = absl::Milliseconds(200);
     mo.factories.provider = [](const handoff::v1::SourceSpec& spec)
         -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
-      consumer::HttpProviderOptions po;
-      po.base_url = spec.provider_url();
-      po.chain = spec.chain();
-      po.source = spec.source();
-      po.filter = spec.filter();
-      po.page_limit = spec.page_limit();
-      po.transport = spec.transport();
-      absl::StatusOr<std::unique_ptr<consumer::HttpProvider>> p =
-          consumer::HttpProvider::Create(std::move(po));
-      if (!p.ok()) return p.status();
-      return std::unique_ptr<consumer::Provider>(*std::move(p));
+      return consumer::MakeHttpProvider(consumer::OptionsForSpec(spec));
     };
     mo.factories.external_sink = [](const handoff::v1::SourceSpec&) {
       return absl::StatusOr<std::unique_ptr<consumer::ExternalSink>>(nullptr);

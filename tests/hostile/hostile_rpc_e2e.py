@@ -147,9 +147,19 @@ def main():
         e2e.wait_until("a watcher slot to free up", admitted)
 
         # Deadlines: a stream that outlives its deadline ends DEADLINE_EXCEEDED.
-        s = client.admin.WatchProgress(admin.WatchProgressRequest(
-            source_id="base", heartbeat_ms=60000), timeout=0.5)
-        next(s)
+        # (The slot of the stream admitted above is released asynchronously after its
+        # cancel: open until admitted.)
+        def deadline_stream():
+            s = client.admin.WatchProgress(admin.WatchProgressRequest(
+                source_id="base", heartbeat_ms=60000), timeout=0.5)
+            try:
+                next(s)
+                return s
+            except grpc.RpcError as err:
+                if err.code() != C.RESOURCE_EXHAUSTED:
+                    raise
+                return None
+        s = e2e.wait_until("a watcher slot for the deadline stream", deadline_stream)
         e2e.expect_code(C.DEADLINE_EXCEEDED, next, s)
         TRIED.append("deadlines")
         undisturbed("deadlines")

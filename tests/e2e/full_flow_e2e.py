@@ -179,6 +179,15 @@ def main():
         e2e.log("ok - resolved %d holds; the barrier advanced past block %d" %
                 (resolved, REVIEW_BLOCK))
 
+        # Metrics of this incarnation, which has committed pages (a restarted process
+        # that finds nothing new commits none, and counters appear with their first use).
+        text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % server.metrics_port,
+                                      timeout=20).read().decode()
+        for name in ("handoff_events_applied_total", "handoff_pages_committed_total",
+                     "handoff_commit_latency_seconds", "handoff_open_holds",
+                     "handoff_finalized_block", "handoff_lag_blocks"):
+            assert name in text, "metrics lack " + name
+
         # 3. A second source over SSE; stop the first; SIGKILL mid-run; restart.
         op.call("CreateSource", admin.CreateSourceRequest(
             spec=spec("flow2", src.TRANSPORT_SSE, False), start=True))
@@ -217,12 +226,6 @@ def main():
                 (len(truth), len(keys)))
 
         # 5. Metrics and secrets.
-        text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % server.metrics_port,
-                                      timeout=20).read().decode()
-        for name in ("handoff_events_applied_total", "handoff_pages_committed_total",
-                     "handoff_commit_latency_seconds", "handoff_open_holds",
-                     "handoff_finalized_block", "handoff_lag_blocks"):
-            assert name in text, "metrics lack " + name
         replies = str(op.call("ListSources", admin.ListSourcesRequest()))
         for secret in (PROVIDER_KEY, OPERATOR, READER):
             assert secret not in replies

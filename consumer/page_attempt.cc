@@ -229,8 +229,15 @@ handoff::v1::Finality PageAttempt::FinalityOf(const handoff::v1::EventRow& row) 
   return handoff::v1::FINALITY_LATEST;
 }
 
-std::unique_ptr<store::StepBatch> PageAttempt::NewStep() {
-  std::unique_ptr<store::StepBatch> step = config_.store->NewStep(config_.source_id);
+std::unique_ptr<store::StepBatch> PageAttempt::NewStep(size_t events) {
+  // A serialized row is smaller than its JSON on the wire, so the wire size per event
+  // bounds the bytes a staged event adds (twice with the outbox).
+  size_t reserve = 0;
+  if (events > 0 && !page_.items.empty() && config_.stage == store::Stage::kIngest) {
+    const size_t per_event = page_.wire_bytes / page_.items.size();
+    reserve = std::min(events, page_.items.size()) * per_event * (config_.write_outbox ? 2 : 1);
+  }
+  std::unique_ptr<store::StepBatch> step = config_.store->NewStep(config_.source_id, reserve);
   // The replaced range is deleted before anything of the page is inserted, in the same
   // batch as the page's first effects.
   StageOrphans(step.get());
@@ -260,9 +267,10 @@ absl::Status PageAttempt::StageTerminal(size_t i, Decision::Kind kind, const std
   const Position pos = slots_[i].pos;
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
   if (config_.stage == store::Stage::kIngest) {
-    std::string bytes = row.SerializeAsString();
-    step->PutRow(pos, bytes);
-    if (config_.write_outbox) step->PutOutbox(pos, bytes);
+    row_bytes_.clear();  // keeps its capacity: no allocation per row
+    row.AppendToString(&row_bytes_);
+    step->PutRow(pos, row_bytes_);
+    if (config_.write_outbox) step->PutOutbox(pos, row_bytes_);
     if (config_.effect != nullptr && kind == Decision::Kind::kApplied) {
       absl::Status s = config_.effect->Stage(config_.source_id, row, step);
       if (!s.ok()) return s;
@@ -408,7 +416,7 @@ PageAttempt::Result PageAttempt::ProcessLocal() {
       return Make(Kind::kBlockedOnHold, absl::StrCat("event ", slots_[i].pos.DebugString(),
                                                      " is held: ", slots_[i].hold->reason()));
     }
-    std::unique_ptr<store::StepBatch> step = NewStep();
+    std::unique_ptr<store::StepBatch> step = NewStep(per_step);
     std::vector<size_t> newly;
     size_t j = i;
     for (; j < n && newly.size() < per_step; ++j) {
@@ -497,7 +505,7 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
       if (!clean) batch.resize(sent);
     }
 
-    std::unique_ptr<store::StepBatch> step = NewStep();
+    std::unique_ptr<store::StepBatch> step = NewStep(batch.size());
     std::vector<size_t> newly;
     std::vector<std::pair<size_t, std::string>> quarantines;
     std::vector<std::pair<size_t, handoff::v1::Hold>> holds;

@@ -134,8 +134,9 @@ class PageAttempt {
   // Stages the durable terminal effect of slot `i`.
   absl::Status StageTerminal(size_t i, Decision::Kind kind, const std::string& reason,
                              store::StepBatch* step);
-  // A new step of this attempt, starting with the pending orphan deletes.
-  std::unique_ptr<store::StepBatch> NewStep();
+  // A new step of this attempt, starting with the pending orphan deletes, with room
+  // for `events` staged events.
+  std::unique_ptr<store::StepBatch> NewStep(size_t events = 0);
   void StageOrphans(store::StepBatch* step);
   handoff::v1::Hold MakeHold(size_t i, handoff::v1::HoldKind kind, const Decision& d,
                              const SinkAnswer& answer, uint32_t attempts) const;
@@ -163,6 +164,8 @@ class PageAttempt {
   bool replays_counted_ = false;
   std::vector<Slot> slots_;
   Backoff backoff_;
+  // Serialization buffer of StageTerminal, reused across the page's rows.
+  std::string row_bytes_;
 };
 
 }  // namespace handoff::consumer

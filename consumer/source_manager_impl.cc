@@ -209,6 +209,7 @@ absl::Status SourceManagerImpl::StartLocked(const handoff::v1::Source& source) {
   parts.store = store_;
   parts.observer = options_.observer;
   parts.board = &board_;
+  parts.deleter = &deleter_;
   parts.persist_halt = [this](const handoff::v1::Progress& p) { PersistHalt(p); };
   ASSIGN_OR_RETURN(parts.provider, options_.factories.provider(source.spec()));
   if (source.spec().sink().has_downstream()) {

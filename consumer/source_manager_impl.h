@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "consumer/deferred_deleter.h"
 #include "consumer/progress_board.h"
 #include "consumer/source_manager.h"
 #include "consumer/source_worker.h"
@@ -79,6 +80,9 @@ class SourceManagerImpl final : public SourceManager {
   const SourceManagerOptions options_;
   store::Store* const store_;
   ProgressBoard board_;
+  // Destroys the workers' finished pages off their ingest threads; declared before
+  // workers_ so it outlives them. Four pending pages at most (see the memory formula).
+  DeferredDeleter deleter_{4};
 
   absl::Mutex ops_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex mu_;

@@ -249,6 +249,12 @@ AttemptConfig MakeAttemptConfig(const handoff::v1::SourceSpec& spec, store::Stag
   return c;
 }
 
+void SourceWorker::Release(std::unique_ptr<PageAttempt> attempt) {
+  if (parts_.deleter != nullptr) {
+    parts_.deleter->Delete(std::move(attempt));
+  }  // else destroyed here
+}
+
 AttemptConfig SourceWorker::MakeConfig(store::Stage stage) const {
   return MakeAttemptConfig(spec_, stage, parts_.store, parts_.sink.get(), parts_.effect,
                            parts_.observer, options_, &stop_);
@@ -384,12 +390,14 @@ void SourceWorker::IngestLoop() {
       stop_.store(true);
       break;
     }
-    PageAttempt attempt(MakeConfig(store::Stage::kIngest), *std::move(cp),
-                        *std::move(fetched.page));
-    const bool nothing_new_possible = attempt.page().items.empty();
-    const std::string request_cursor = attempt.checkpoint().resume_cursor();
-    if (!DriveAttempt(&attempt, store::Stage::kIngest)) break;
-    if (nothing_new_possible && attempt.page().next == request_cursor) {
+    auto attempt = std::make_unique<PageAttempt>(MakeConfig(store::Stage::kIngest),
+                                                 *std::move(cp), *std::move(fetched.page));
+    const bool nothing_new_possible = attempt->page().items.empty();
+    const bool same_cursor = attempt->page().next == attempt->checkpoint().resume_cursor();
+    const bool go_on = DriveAttempt(attempt.get(), store::Stage::kIngest);
+    Release(std::move(attempt));
+    if (!go_on) break;
+    if (nothing_new_possible && same_cursor) {
       // Nothing new yet: wait before asking again, never spin.
       const absl::Time at = absl::Now() + backoff.Next();
       SetState(handoff::v1::SOURCE_STATE_BACKING_OFF, "no new events", at);
@@ -459,8 +467,11 @@ void SourceWorker::DeliveryLoop() {
       if (WaitUntil(absl::Now() + options_.delivery_idle_recheck, poked) == Wake::kStopped) break;
       continue;
     }
-    PageAttempt attempt(MakeConfig(store::Stage::kDelivery), *std::move(dcp), std::move(run));
-    if (!DriveAttempt(&attempt, store::Stage::kDelivery)) break;
+    auto attempt = std::make_unique<PageAttempt>(MakeConfig(store::Stage::kDelivery),
+                                                 *std::move(dcp), std::move(run));
+    const bool go_on = DriveAttempt(attempt.get(), store::Stage::kDelivery);
+    Release(std::move(attempt));
+    if (!go_on) break;
   }
   ThreadDone();
 }

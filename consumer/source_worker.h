@@ -34,6 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "consumer/backoff.h"
+#include "consumer/deferred_deleter.h"
 #include "consumer/observer.h"
 #include "consumer/page_attempt.h"
 #include "consumer/progress_board.h"
@@ -84,6 +85,9 @@ class SourceWorker {
     TransactionalEffect* effect = nullptr;   // not owned, may be null (tests)
     EngineObserver* observer = nullptr;      // not owned, may be null
     ProgressBoard* board = nullptr;          // not owned
+    // Finished page attempts are destroyed here, off the ingest thread; may be null
+    // (destroyed inline). Not owned; must outlive the worker.
+    DeferredDeleter* deleter = nullptr;
     // Persists a halt (state, reason, funding action) so it survives restarts.
     std::function<void(const handoff::v1::Progress&)> persist_halt;
   };
@@ -120,6 +124,8 @@ class SourceWorker {
             const absl::Status& error = absl::OkStatus(), const std::string& funding = "");
   void PublishCheckpoint(store::Stage stage, const store::CheckpointRecord& cp);
   void PublishAttempt(const PageAttempt* attempt);
+  // Hands a finished attempt (and its page) to the deleter, or destroys it.
+  void Release(std::unique_ptr<PageAttempt> attempt);
   void ThreadDone() ABSL_LOCKS_EXCLUDED(mu_);
   AttemptConfig MakeConfig(store::Stage stage) const;
   bool stopping() const { return stop_.load(); }

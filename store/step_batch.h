@@ -26,8 +26,8 @@ class Store;
 class StepBatch {
  public:
   // Use Store::NewStep.
-  StepBatch(const ColumnFamilies* cfs, absl::string_view source_id)
-      : cfs_(cfs), source_id_(source_id) {}
+  StepBatch(const ColumnFamilies* cfs, absl::string_view source_id, size_t reserve_bytes = 0)
+      : cfs_(cfs), source_id_(source_id), batch_(reserve_bytes) {}
 
   StepBatch(const StepBatch&) = delete;
   StepBatch& operator=(const StepBatch&) = delete;

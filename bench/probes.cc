@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -140,11 +141,33 @@ class CountingObserver : public consumer::EngineObserver {
 };
 
 // handoffd's production factories, minus API keys (the simulator runs without a token).
+// Fetches made by every worker of the probe (the idle scenario reports polls/s).
+std::atomic<int64_t> g_fetches{0};
+
+// handoffd's HttpProvider, counting Fetch calls.
+class CountingProvider final : public consumer::Provider {
+ public:
+  explicit CountingProvider(std::unique_ptr<consumer::Provider> inner)
+      : inner_(std::move(inner)) {}
+  consumer::FetchResult Fetch(const std::string& committed_cursor) override {
+    g_fetches.fetch_add(1, std::memory_order_relaxed);
+    return inner_->Fetch(committed_cursor);
+  }
+  void Cancel() override { inner_->Cancel(); }
+  void Close() override { inner_->Close(); }
+
+ private:
+  std::unique_ptr<consumer::Provider> inner_;
+};
+
 consumer::Factories BenchFactories() {
   consumer::Factories f;
   f.provider = [](const handoff::v1::SourceSpec& spec)
       -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
-    return consumer::MakeHttpProvider(consumer::OptionsForSpec(spec));
+    absl::StatusOr<std::unique_ptr<consumer::Provider>> p =
+        consumer::MakeHttpProvider(consumer::OptionsForSpec(spec));
+    if (!p.ok()) return p.status();
+    return std::make_unique<CountingProvider>(*std::move(p));
   };
   f.external_sink = [](const handoff::v1::SourceSpec& spec) {
     return consumer::MakeExternalSink(spec);
@@ -791,17 +814,22 @@ json Idle(const ProbeArgs& a) {
     return Error(absl::StrCat("sources did not catch up: ", obs.total(), " of ", target, "; ",
                               obs.error()));
   }
-  // Settle: let every worker reach its capped backoff, as a long idle period would.
-  absl::SleepFor(absl::Seconds(a.window_s * 2));
+  // Settle: let every worker reach its capped idle backoff, as a long idle period
+  // would (the 0.2 s -> 30 s growth takes ~40 s).
+  absl::SleepFor(absl::Seconds(a.window_s * 3));
   const double cpu0 = CpuSeconds();
+  const int64_t fetches0 = g_fetches.load();
   const absl::Time t0 = absl::Now();
   absl::SleepFor(absl::Seconds(a.window_s));
   const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
   const double cpu = CpuSeconds() - cpu0;
+  const int64_t fetches = g_fetches.load() - fetches0;
   return json{{"sources", a.sources},
               {"window_seconds", wall},
               {"cpu_seconds", cpu},
-              {"core_fraction", cpu / wall}};
+              {"core_fraction", cpu / wall},
+              {"polls_per_s", fetches / wall},
+              {"cpu_us_per_poll", fetches > 0 ? cpu * 1e6 / fetches : 0.0}};
 }
 
 }  // namespace

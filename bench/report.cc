@@ -241,7 +241,9 @@ std::vector<Row> BuildRows(const json& raw, const MemoryFit& fit) {
     r.scenario = "7 idle cost";
     r.what = absl::StrCat(Num(f.Get("idle", "sources"), "%.0f"),
                           " sources, nothing new upstream (CPU over ",
-                          Num(f.Get("idle", "window_seconds"), "%.0f"), " s)");
+                          Num(f.Get("idle", "window_seconds"), "%.0f"), " s; ",
+                          Num(f.Get("idle", "polls_per_s"), "%.1f"), " polls/s at ",
+                          Num(f.Get("idle", "cpu_us_per_poll"), "%.0f"), " us of CPU each)");
     r.measured = v ? absl::StrFormat("%.2f%% of a core", *v * 100) : "n/a";
     r.limit = "-";
     r.ratio = "-";

@@ -9,6 +9,7 @@ Backoff::Backoff(BackoffPolicy policy, uint64_t /*seed*/) : policy_(policy) {
   if (policy_.initial <= absl::ZeroDuration()) policy_.initial = absl::Milliseconds(1);
   if (policy_.max < policy_.initial) policy_.max = policy_.initial;
   if (policy_.multiplier < 1.0) policy_.multiplier = 1.0;
+  policy_.jitter_floor = std::clamp(policy_.jitter_floor, 0.0, 1.0);
 }
 
 absl::Duration Backoff::Ceiling(int failures) const {
@@ -20,8 +21,10 @@ absl::Duration Backoff::Ceiling(int failures) const {
 absl::Duration Backoff::Next(std::optional<absl::Duration> requested) {
   absl::Duration ceiling = Ceiling(failures_);
   ++failures_;
-  double jittered_ms =
-      absl::Uniform<double>(bitgen_, 0.0, absl::ToDoubleMilliseconds(ceiling));
+  const double ceiling_ms = absl::ToDoubleMilliseconds(ceiling);
+  const double floor_ms = policy_.jitter_floor * ceiling_ms;
+  const double jittered_ms =
+      floor_ms >= ceiling_ms ? ceiling_ms : absl::Uniform<double>(bitgen_, floor_ms, ceiling_ms);
   absl::Duration d = std::max(absl::Milliseconds(jittered_ms), policy_.initial / 2);
   if (requested.has_value()) d = std::max(d, *requested);
   return d;

@@ -21,13 +21,18 @@ struct BackoffPolicy {
   absl::Duration initial = absl::Milliseconds(200);
   absl::Duration max = absl::Seconds(30);
   double multiplier = 2.0;
+  // The delay is uniform in [jitter_floor * ceiling, ceiling]. 0 is full jitter: retries
+  // after a failure spread out as widely as possible. 0.5 ("equal jitter") suits a
+  // steady wait such as polling at the head: never much sooner than the ceiling.
+  double jitter_floor = 0.0;
 };
 
 class Backoff {
  public:
   explicit Backoff(BackoffPolicy policy, uint64_t seed = 0);
 
-  // The delay before the next attempt: uniform in [0, min(max, initial * mult^n)] with
+  // The delay before the next attempt: uniform in [jitter_floor * c, c] with
+  // c = min(max, initial * mult^n) and
   // n the number of consecutive failures so far, but never below `requested` nor below
   // initial / 2 (so a tight loop is impossible).
   absl::Duration Next(std::optional<absl::Duration> requested = std::nullopt);

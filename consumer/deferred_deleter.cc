@@ -2,10 +2,12 @@
 
 #include <utility>
 
+#include "consumer/thread_priority.h"
+
 namespace handoff::consumer {
 
-DeferredDeleter::DeferredDeleter(size_t max_pending)
-    : max_pending_(max_pending), thread_([this] { Run(); }) {}
+DeferredDeleter::DeferredDeleter(size_t max_pending, int thread_nice)
+    : max_pending_(max_pending), thread_nice_(thread_nice), thread_([this] { Run(); }) {}
 
 DeferredDeleter::~DeferredDeleter() {
   {
@@ -33,6 +35,8 @@ void DeferredDeleter::Enqueue(std::unique_ptr<Erased> object) {
 }
 
 void DeferredDeleter::Run() {
+  // Best effort: at worst the thread keeps its creator's priority.
+  LowerCurrentThreadPriority(thread_nice_).IgnoreError();
   auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !pending_.empty() || stopping_;
   };

@@ -27,7 +27,9 @@ namespace handoff::consumer {
 
 class DeferredDeleter {
  public:
-  explicit DeferredDeleter(size_t max_pending);
+  // The thread runs `thread_nice` above its creator's nice value (thread_priority.h):
+  // freeing memory is data-plane work.
+  explicit DeferredDeleter(size_t max_pending, int thread_nice = 0);
   ~DeferredDeleter();
 
   DeferredDeleter(const DeferredDeleter&) = delete;
@@ -56,6 +58,7 @@ class DeferredDeleter {
   void Run() ABSL_LOCKS_EXCLUDED(mu_);
 
   const size_t max_pending_;
+  const int thread_nice_;
   mutable absl::Mutex mu_;
   std::deque<std::unique_ptr<Erased>> pending_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -61,7 +61,9 @@ absl::StatusOr<std::unique_ptr<SourceManager>> SourceManager::Create(
 }
 
 SourceManagerImpl::SourceManagerImpl(SourceManagerOptions options)
-    : options_(std::move(options)), store_(options_.store) {}
+    : options_(std::move(options)),
+      store_(options_.store),
+      deleter_(/*max_pending=*/4, options_.worker.thread_nice) {}
 
 SourceManagerImpl::~SourceManagerImpl() { Shutdown(); }
 

@@ -82,7 +82,7 @@ class SourceManagerImpl final : public SourceManager {
   ProgressBoard board_;
   // Destroys the workers' finished pages off their ingest threads; declared before
   // workers_ so it outlives them. Four pending pages at most (see the memory formula).
-  DeferredDeleter deleter_{4};
+  DeferredDeleter deleter_;
 
   absl::Mutex ops_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex mu_;

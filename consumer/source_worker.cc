@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "consumer/fault_points.h"
 #include "consumer/outcome_policy.h"
+#include "consumer/thread_priority.h"
 
 namespace handoff::consumer {
 bool IsHaltedState(handoff::v1::SourceState s) {
@@ -36,6 +37,12 @@ handoff::v1::Checkpoint PublicCheckpoint(const store::CheckpointRecord& cp) {
 namespace {
 
 using Kind = PageAttempt::Result::Kind;
+
+constexpr char kNoNewEvents[] = "no new events";
+
+// Pages of at most this many events are destroyed inline: handing them to the
+// deleter would cost a thread wake-up, more than freeing them.
+constexpr size_t kInlineReleaseMaxItems = 64;
 
 
 Position Successor(Position p) {
@@ -90,8 +97,16 @@ void SourceWorker::Start() {
     running_threads_ = gated_ ? 2 : 1;
   }
   SetState(handoff::v1::SOURCE_STATE_STARTING, "");
-  ingest_thread_ = std::thread([this] { IngestLoop(); });
-  if (gated_) delivery_thread_ = std::thread([this] { DeliveryLoop(); });
+  ingest_thread_ = std::thread([this] {
+    LowerCurrentThreadPriority(options_.thread_nice).IgnoreError();  // best effort
+    IngestLoop();
+  });
+  if (gated_) {
+    delivery_thread_ = std::thread([this] {
+      LowerCurrentThreadPriority(options_.thread_nice).IgnoreError();
+      DeliveryLoop();
+    });
+  }
 }
 
 void SourceWorker::RequestStop() {
@@ -250,7 +265,7 @@ AttemptConfig MakeAttemptConfig(const handoff::v1::SourceSpec& spec, store::Stag
 }
 
 void SourceWorker::Release(std::unique_ptr<PageAttempt> attempt) {
-  if (parts_.deleter != nullptr) {
+  if (parts_.deleter != nullptr && attempt->page().items.size() > kInlineReleaseMaxItems) {
     parts_.deleter->Delete(std::move(attempt));
   }  // else destroyed here
 }
@@ -311,6 +326,10 @@ bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
 
 void SourceWorker::IngestLoop() {
   Backoff backoff(options_.fetch_backoff);
+  Backoff idle_backoff(options_.idle_backoff);
+  // Caught up: the last poll found nothing new. The state stays BACKING_OFF ("no new
+  // events") across the next polls instead of flipping to RUNNING and back for each.
+  bool idle = false;
   int malformed = 0;
   const std::string identity = store::IdentityHash(spec_);
   bool running_published = false;
@@ -379,6 +398,7 @@ void SourceWorker::IngestLoop() {
           bool unused = false;
           if (WaitUntil(at, &unused) == Wake::kStopped) break;
           SetState(handoff::v1::SOURCE_STATE_RUNNING, "");
+          idle = false;
           continue;
         }
       }
@@ -392,21 +412,27 @@ void SourceWorker::IngestLoop() {
     }
     auto attempt = std::make_unique<PageAttempt>(MakeConfig(store::Stage::kIngest),
                                                  *std::move(cp), *std::move(fetched.page));
-    const bool nothing_new_possible = attempt->page().items.empty();
-    const bool same_cursor = attempt->page().next == attempt->checkpoint().resume_cursor();
+    const bool nothing_new = attempt->page().items.empty() &&
+                             attempt->page().next == attempt->checkpoint().resume_cursor();
+    if (idle && !nothing_new) {
+      SetState(handoff::v1::SOURCE_STATE_RUNNING, "");
+      idle = false;
+    }
     const bool go_on = DriveAttempt(attempt.get(), store::Stage::kIngest);
     Release(std::move(attempt));
     if (!go_on) break;
-    if (nothing_new_possible && same_cursor) {
-      // Nothing new yet: wait before asking again, never spin.
-      const absl::Time at = absl::Now() + backoff.Next();
-      SetState(handoff::v1::SOURCE_STATE_BACKING_OFF, "no new events", at);
+    if (nothing_new) {
+      // Nothing new yet: wait before asking again, never spin. Only the first empty
+      // poll changes the state (and is logged); later ones move retry_at.
+      const absl::Time at = absl::Now() + idle_backoff.Next();
+      SetState(handoff::v1::SOURCE_STATE_BACKING_OFF, kNoNewEvents, at);
       bool unused = false;
       if (WaitUntil(at, &unused) == Wake::kStopped) break;
-      SetState(handoff::v1::SOURCE_STATE_RUNNING, "");
+      idle = true;
       continue;
     }
     backoff.Reset();
+    idle_backoff.Reset();
     if (gated_) Poke();
   }
   if (!halted_.load() && !crashed_.load()) {

@@ -52,8 +52,19 @@ struct WorkerOptions {
   int delivery_run = 1000;
   // Consecutive malformed pages before the source halts as PROTOCOL_VIOLATION.
   int max_malformed_pages = 5;
-  // Backoff between fetch retries and after non-advancing empty pages.
+  // Backoff between fetch retries (full jitter: refusals spread out).
   BackoffPolicy fetch_backoff;
+  // Wait between polls that find nothing new (a caught-up source): the same growth,
+  // but equal jitter, so 1000 idle sources poll about every 15-30 s each, not at
+  // random moments down to 0.1 s.
+  BackoffPolicy idle_backoff = [] {
+    BackoffPolicy p;
+    p.jitter_floor = 0.5;
+    return p;
+  }();
+  // Nice increment of the worker's threads (and of the provider threads they start):
+  // the data plane yields to admin RPCs and health checks (thread_priority.h).
+  int thread_nice = 5;
   // The dispatcher re-checks the gate at least this often without a poke.
   absl::Duration delivery_idle_recheck = absl::Seconds(5);
 };

@@ -3,8 +3,10 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/status_macros.h"
+#include "consumer/source_worker.h"
 #include "server/factories.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7443",
@@ -33,6 +35,14 @@ ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
 ABSL_FLAG(int, max_sources, 10000, "Maximum number of sources (RESOURCE_EXHAUSTED beyond).");
 ABSL_FLAG(int, max_message_bytes, 4 << 20, "Largest gRPC request accepted, in bytes.");
 ABSL_FLAG(int, max_watchers, 256, "Maximum concurrent WatchProgress streams.");
+ABSL_FLAG(int, worker_nice, handoff::consumer::WorkerOptions().thread_nice,
+          "Nice increment (0..19) of the source workers' threads, so that admin RPCs and "
+          "health checks answer promptly while ingest uses every core; 0 keeps them at "
+          "the process's priority.");
+ABSL_FLAG(absl::Duration, idle_poll_max, handoff::consumer::WorkerOptions().idle_backoff.max,
+          "Longest wait between two polls of a caught-up polling source (each wait is "
+          "uniform in [half, all] of the growing ceiling). Longer costs less CPU per idle "
+          "source and adds head latency; SSE sources are pushed to and do not poll.");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(30),
           "Upper bound of a graceful shutdown (keep the Kubernetes "
           "terminationGracePeriodSeconds a little above it).");
@@ -57,6 +67,18 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_watchers = absl::GetFlag(FLAGS_max_watchers);
   options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
+  const int nice = absl::GetFlag(FLAGS_worker_nice);
+  if (nice < 0 || nice > 19) {
+    return absl::InvalidArgumentError(absl::StrCat("--worker_nice=", nice, " is outside 0..19"));
+  }
+  options.worker.thread_nice = nice;
+  const absl::Duration idle_poll_max = absl::GetFlag(FLAGS_idle_poll_max);
+  if (idle_poll_max < absl::Seconds(1) || idle_poll_max > absl::Minutes(10)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--idle_poll_max=", absl::FormatDuration(idle_poll_max),
+                     " is outside 1s..10m"));
+  }
+  options.worker.idle_backoff.max = idle_poll_max;
   options.handle_signals = true;
   options.source_manager_factory = CreateProductionSourceManager;
   options.factories = ProductionFactories();

@@ -2,16 +2,26 @@
 #include <cstdio>
 #include <string>
 
+#include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/synchronization/mutex.h"
 #include "server/flags.h"
 #include "server/server.h"
+
+ABSL_FLAG(bool, debug_mutex_deadlock_detection, false,
+          "Check every absl::Mutex acquisition against a global lock graph (abort on a "
+          "potential deadlock). Debian's abseil enables this by default; it costs CPU on "
+          "every lock, so production turns it off. The test suite keeps it on.");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "handoffd: crash-safe consumer of ordered, paginated event feeds.\n"
       "  handoffd --data_dir=DIR (--auth_tokens_file=FILE | --insecure_disable_auth) ...");
   absl::ParseCommandLine(argc, argv);
+  absl::SetMutexDeadlockDetectionMode(absl::GetFlag(FLAGS_debug_mutex_deadlock_detection)
+                                          ? absl::OnDeadlockCycle::kAbort
+                                          : absl::OnDeadlockCycle::kIgnore);
 
   absl::StatusOr<handoff::server::ServerOptions> options = handoff::server::OptionsFromFlags();
   if (!options.ok()) {

@@ -49,6 +49,8 @@ struct ServerOptions {
   // ---- Sources ----
   std::string sources_config;  // optional, sources_config.h
   int max_sources = 10000;
+  // Worker tuning: thread priority, idle polling (flags worker_nice, idle_poll_max).
+  consumer::WorkerOptions worker;
 
   // ---- Observability ----
   std::string metrics_listen;  // host:port of /metrics; empty: no metrics endpoint

@@ -141,6 +141,7 @@ absl::Status Server::Build() {
   manager_options.factories = options_.factories;
   manager_options.observer = observer_.get();
   manager_options.max_sources = options_.max_sources;
+  manager_options.worker = options_.worker;
   manager_options.stop_timeout = options_.shutdown_grace / 2;
   ASSIGN_OR_RETURN(manager_, options_.source_manager_factory(std::move(manager_options)));
   RETURN_IF_ERROR(manager_->Recover());

@@ -56,6 +56,7 @@ class Rig {
     mo.store = store_.get();
     mo.worker.fetch_backoff.initial = absl::Milliseconds(5);
     mo.worker.fetch_backoff.max = absl::Milliseconds(20);
+    mo.worker.idle_backoff = mo.worker.fetch_backoff;
     mo.worker.delivery_idle_recheck = absl::Milliseconds(50);
     mo.factories.provider = [this](const handoff::v1::SourceSpec& spec)
         -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {

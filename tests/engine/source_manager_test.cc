@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "consumer/source_manager.h"
 #include "consumer/source_manager_impl.h"
@@ -55,8 +56,10 @@ class ManagerTest : public ::testing::Test {
     consumer::SourceManagerOptions mo;
     mo.store = store_.get();
     mo.max_sources = 100;
+    mo.observer = observer_;
     mo.worker.fetch_backoff.initial = absl::Milliseconds(20);
     mo.worker.fetch_backoff.max = absl::Seconds(30);
+    mo.worker.idle_backoff = mo.worker.fetch_backoff;
     mo.factories.provider = [this](const handoff::v1::SourceSpec& spec)
         -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
       return std::unique_ptr<consumer::Provider>(new consumer::testing::ForwardingProvider(&providers_[spec.id()]));
@@ -103,6 +106,7 @@ class ManagerTest : public ::testing::Test {
   }
 
   std::string dir_;
+  consumer::EngineObserver* observer_ = nullptr;  // set before Restart()
   std::map<std::string, FakeProvider> providers_;
   FakeSink sink_{8};
   std::unique_ptr<store::Store> store_;
@@ -280,6 +284,64 @@ TEST_F(ManagerTest, WaitingWorkersUseNoCpu) {
   const double fraction = (cpu(after) - cpu(before)) / (absl::Now() - start);
   // 50 waiting workers with exponential backoff: far below a spinning core.
   EXPECT_LT(fraction, 0.2);
+  manager_->Shutdown();
+}
+
+// Records the state changes the workers report (what handoffd logs).
+class StateLog : public consumer::EngineObserver {
+ public:
+  void OnStateChange(absl::string_view, handoff::v1::SourceState state,
+                     absl::string_view) override {
+    absl::MutexLock lock(&mu_);
+    states_.push_back(state);
+  }
+  std::vector<handoff::v1::SourceState> states() {
+    absl::MutexLock lock(&mu_);
+    return states_;
+  }
+  // The worker publishes a state on the board before it tells the observer.
+  std::vector<handoff::v1::SourceState> WaitForStates(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return states_.size() >= n; };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(10));
+    return states_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<handoff::v1::SourceState> states_;
+};
+
+TEST_F(ManagerTest, ACaughtUpSourceReportsOneStateChangeNotTwoPerEmptyPoll) {
+  StateLog log;
+  observer_ = &log;
+  Restart();
+  FakeProvider& p = providers_["a"];  // nothing at "100" yet: every poll is empty
+  ASSERT_TRUE(Create(Spec("a"), true).ok());
+  ASSERT_TRUE(WaitFor("a", [&](const handoff::v1::Progress& pr) {
+    return p.fetches() >= 5 && pr.state() == handoff::v1::SOURCE_STATE_BACKING_OFF;
+  }));
+  using S = handoff::v1::SourceState;
+  const std::vector<S> idle = log.WaitForStates(3);
+  EXPECT_EQ(idle, (std::vector<S>{handoff::v1::SOURCE_STATE_STARTING,
+                                  handoff::v1::SOURCE_STATE_RUNNING,
+                                  handoff::v1::SOURCE_STATE_BACKING_OFF}))
+      << p.fetches() << " empty polls";
+  absl::StatusOr<handoff::v1::Progress> pr = manager_->GetProgress("a");
+  ASSERT_TRUE(pr.ok());
+  EXPECT_EQ(pr->reason(), "no new events");
+  EXPECT_GT(pr->retry_at_unix_ms(), 0);
+
+  // Events arrive: the source runs again, then waits once more.
+  p.SetPage("100", MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "c1"));
+  ASSERT_TRUE(WaitFor("a", [](const handoff::v1::Progress& pr) {
+    return pr.checkpoint().resume_cursor() == "c1" &&
+           pr.state() == handoff::v1::SOURCE_STATE_BACKING_OFF;
+  }));
+  const std::vector<S> after = log.WaitForStates(5);
+  ASSERT_EQ(after.size(), 5u);
+  EXPECT_EQ(after[3], handoff::v1::SOURCE_STATE_RUNNING);
+  EXPECT_EQ(after[4], handoff::v1::SOURCE_STATE_BACKING_OFF);
   manager_->Shutdown();
 }
 

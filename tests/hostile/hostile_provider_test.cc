@@ -556,6 +556,7 @@ class EngineRig {
     mo.store = store_.get();
     mo.worker.fetch_backoff.initial = absl::Milliseconds(5);
     mo.worker.fetch_backoff.max = absl::Milliseconds(20);
+    mo.worker.idle_backoff = mo.worker.fetch_backoff;
     mo.factories.provider = [](const handoff::v1::SourceSpec& spec)
         -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
       HttpProviderOptions o = consumer::OptionsForSpec(spec);

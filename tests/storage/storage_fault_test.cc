@@ -95,6 +95,7 @@ class StorageFaultTest : public ::testing::TestWithParam<FaultCase> {
     mo.store = store_.get();
     mo.worker.fetch_backoff.initial = absl::Milliseconds(20);
     mo.worker.fetch_backoff.max = absl::Milliseconds(200);
+    mo.worker.idle_backoff = mo.worker.fetch_backoff;
     mo.factories.provider = [](const handoff::v1::SourceSpec& spec)
         -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
       return consumer::MakeHttpProvider(consumer::OptionsForSpec(spec));

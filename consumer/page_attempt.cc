@@ -267,10 +267,14 @@ absl::Status PageAttempt::StageTerminal(size_t i, Decision::Kind kind, const std
   const Position pos = slots_[i].pos;
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
   if (config_.stage == store::Stage::kIngest) {
-    row_bytes_.clear();  // keeps its capacity: no allocation per row
-    row.AppendToString(&row_bytes_);
-    step->PutRow(pos, row_bytes_);
-    if (config_.write_outbox) step->PutOutbox(pos, row_bytes_);
+    absl::string_view bytes = page_.SerializedItem(i);  // made by the parser, if any
+    if (!page_.has_serialized_items()) {
+      row_bytes_.clear();  // keeps its capacity: no allocation per row
+      row.AppendToString(&row_bytes_);
+      bytes = row_bytes_;
+    }
+    step->PutRow(pos, bytes);
+    if (config_.write_outbox) step->PutOutbox(pos, bytes);
     if (config_.effect != nullptr && kind == Decision::Kind::kApplied) {
       absl::Status s = config_.effect->Stage(config_.source_id, row, step);
       if (!s.ok()) return s;

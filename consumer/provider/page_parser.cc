@@ -444,6 +444,8 @@ struct PageParser::Impl {
     absl::Status s = ReadPage(doc, &page);
     if (!s.ok()) return s;
     page.wire_bytes = buffer.size();
+    // Serialized here, on the fetching thread, so the commit path only copies bytes.
+    SerializeItems(&page);
     return page;
   }
 };

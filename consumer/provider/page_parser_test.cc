@@ -56,6 +56,20 @@ TEST(PageParserTest, ParsesValidPage) {
   EXPECT_EQ(page->wire_bytes, ValidPage().size());
 }
 
+TEST(PageParserTest, ItemsArriveSerializedForTheCommitPath) {
+  absl::StatusOr<Page> page = ParsePage(ValidPage());
+  ASSERT_TRUE(page.ok()) << page.status();
+  ASSERT_TRUE(page->has_serialized_items());
+  for (size_t i = 0; i < page->items.size(); ++i) {
+    EXPECT_EQ(page->SerializedItem(i), page->items[i].SerializeAsString()) << i;
+  }
+  EXPECT_TRUE(page->SerializedItem(page->items.size()).empty());
+  Page built;  // a page made without the parser serializes on demand
+  built.items.push_back(page->items[0]);
+  EXPECT_FALSE(built.has_serialized_items());
+  EXPECT_TRUE(built.SerializedItem(0).empty());
+}
+
 TEST(PageParserTest, ReusedParserAndOwnedBuffer) {
   PageParser parser;
   for (int i = 0; i < 3; ++i) {

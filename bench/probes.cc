@@ -63,10 +63,11 @@ double CpuSeconds() {
 // Counts committed events per source (every durable step reports here) and notices halts.
 class CountingObserver : public consumer::EngineObserver {
  public:
-  void OnCommit(absl::string_view id, int events, absl::Duration) override {
+  void OnCommit(absl::string_view id, int events, absl::Duration latency) override {
     absl::MutexLock lock(&mu_);
     if (commits_ == 0) first_commit_ = absl::Now();
     ++commits_;
+    commit_time_ += latency;
     const std::string key(id);
     per_source_[key] += events;
     const absl::Time now = absl::Now();
@@ -102,6 +103,11 @@ class CountingObserver : public consumer::EngineObserver {
     absl::MutexLock lock(&mu_);
     return total_;
   }
+  // Time spent inside Store::CommitStep (write + fsync), summed over commits.
+  absl::Duration commit_time() {
+    absl::MutexLock lock(&mu_);
+    return commit_time_;
+  }
   int64_t commits() {
     absl::MutexLock lock(&mu_);
     return commits_;
@@ -133,6 +139,7 @@ class CountingObserver : public consumer::EngineObserver {
   absl::Mutex mu_;
   int64_t total_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t commits_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration commit_time_ ABSL_GUARDED_BY(mu_);
   absl::Time first_commit_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> per_source_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Time> first_ ABSL_GUARDED_BY(mu_);
@@ -378,11 +385,15 @@ json E2e(const ProbeArgs& a) {
               {"rate_max_eps", rmax},
               {"rate_fairness", rmax > 0 ? rmin / rmax : 0.0},
               {"started_by_half", std::count_if(half.begin(), half.end(),
-                                                [](const auto& kv) { return kv.second > 0; })},{"events", obs.total()},
+                                                [](const auto& kv) { return kv.second > 0; })},
+              {"events", obs.total()},
               {"seconds", secs},
               {"events_per_s", obs.total() / secs},
               {"commits", obs.commits()},
               {"events_per_commit", static_cast<double>(obs.total()) / obs.commits()},
+              // Share of the wall time spent inside Store::CommitStep (summed over
+              // sources, so it can exceed 1 with many sources committing at once).
+              {"commit_time_fraction", absl::ToDoubleSeconds(obs.commit_time()) / secs},
               {"cpu_seconds", cpu},
               {"per_source_min_eps", mn / half_secs},
               {"per_source_max_eps", mx / half_secs},

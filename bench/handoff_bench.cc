@@ -373,6 +373,12 @@ int RunAll() {
     a.window_s = z.idle_window;
     a.events = 100;
     res.raw["idle"] = run.WithSim(a, a.events, z.idle_sources + 16);
+    // The same sources over SSE: the provider pushes a heartbeat frame at least every
+    // 30 s and nothing is polled.
+    // The window spans a whole heartbeat period, so every source's frame is in it.
+    a.transport = "sse";
+    if (!smoke) a.window_s = std::max(a.window_s, 31.0);
+    res.raw["idle_sse"] = run.WithSim(a, a.events, z.idle_sources + 16);
   }
 
   std::string history_path = absl::GetFlag(FLAGS_history);

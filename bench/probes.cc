@@ -825,9 +825,9 @@ json Idle(const ProbeArgs& a) {
     return Error(absl::StrCat("sources did not catch up: ", obs.total(), " of ", target, "; ",
                               obs.error()));
   }
-  // Settle: let every worker reach its capped idle backoff, as a long idle period
-  // would (the 0.2 s -> 30 s growth takes ~40 s).
-  absl::SleepFor(absl::Seconds(a.window_s * 3));
+  // Settle: let every polling worker reach its capped idle backoff, as a long idle
+  // period would (the 0.2 s -> 30 s growth takes ~40 s). SSE workers have no backoff.
+  absl::SleepFor(a.transport == "sse" ? absl::Seconds(5) : absl::Seconds(a.window_s * 3));
   const double cpu0 = CpuSeconds();
   const int64_t fetches0 = g_fetches.load();
   const absl::Time t0 = absl::Now();

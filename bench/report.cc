@@ -235,15 +235,20 @@ std::vector<Row> BuildRows(const json& raw, const MemoryFit& fit) {
     r.met = YesNo(p99 ? std::optional<bool>(*p99 < 2.0) : std::nullopt);
     rows.push_back(r);
   }
-  {
-    const auto v = f.Get("idle", "core_fraction");
+  for (const char* probe : {"idle_sse", "idle"}) {
+    const bool sse = std::string(probe) == "idle_sse";
+    const auto v = f.Get(probe, "core_fraction");
     Row r;
     r.scenario = "7 idle cost";
-    r.what = absl::StrCat(Num(f.Get("idle", "sources"), "%.0f"),
+    r.what = absl::StrCat(Num(f.Get(probe, "sources"), "%.0f"), sse ? " SSE" : " polling",
                           " sources, nothing new upstream (CPU over ",
-                          Num(f.Get("idle", "window_seconds"), "%.0f"), " s; ",
-                          Num(f.Get("idle", "polls_per_s"), "%.1f"), " polls/s at ",
-                          Num(f.Get("idle", "cpu_us_per_poll"), "%.0f"), " us of CPU each)");
+                          Num(f.Get(probe, "window_seconds"), "%.0f"), " s; ",
+                          sse ? "heartbeat frames only"
+                              : absl::StrCat(Num(f.Get(probe, "polls_per_s"), "%.1f"),
+                                             " polls/s at ",
+                                             Num(f.Get(probe, "cpu_us_per_poll"), "%.0f"),
+                                             " us of CPU each"),
+                          ")");
     r.measured = v ? absl::StrFormat("%.2f%% of a core", *v * 100) : "n/a";
     r.limit = "-";
     r.ratio = "-";

@@ -768,7 +768,7 @@ json Admin(const ProbeArgs& a) {
   auto stub = handoff::v1::ConsumerAdmin::NewStub(channel);
   handoff::v1::CreateSourceRequest req;
   *req.mutable_spec() = Spec("admin-0", a, "admin");
-  req.set_start(true);
+  req.set_start(false);
   handoff::v1::Source created;
   {
     grpc::ClientContext ctx;
@@ -778,6 +778,24 @@ json Admin(const ProbeArgs& a) {
   handoff::v1::GetProgressRequest preq;
   preq.set_source_id("admin-0");
   handoff::v1::Progress progress;
+  // The same calls to the same server with nothing ingesting: the floor of this machine.
+  std::vector<double> idle_us;
+  for (const absl::Time idle_end = absl::Now() + absl::Seconds(std::min(a.window_s, 3.0));
+       absl::Now() < idle_end;) {
+    grpc::ClientContext ctx;
+    const absl::Time c0 = absl::Now();
+    grpc::Status gs = stub->GetProgress(&ctx, preq, &progress);
+    idle_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - c0));
+    if (!gs.ok()) return Error(absl::StrCat("GetProgress: ", gs.error_message()));
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  {
+    grpc::ClientContext ctx;
+    handoff::v1::StartSourceRequest start;
+    start.set_source_id("admin-0");
+    grpc::Status gs = stub->StartSource(&ctx, start, &created);
+    if (!gs.ok()) return Error(absl::StrCat("StartSource: ", gs.error_message()));
+  }
   auto applied = [&]() -> int64_t {
     grpc::ClientContext ctx;
     if (!stub->GetProgress(&ctx, preq, &progress).ok()) return -1;
@@ -800,6 +818,7 @@ json Admin(const ProbeArgs& a) {
   const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
   const int64_t after = progress.counters().applied();
   json out = LatencyJson(us);
+  out["idle_server"] = LatencyJson(idle_us);
   out["transport"] = "gRPC loopback to handoffd";
   out["ingest_events_per_s"] = (after - before) / secs;
   out["ingest_still_running"] = after < a.events;

@@ -289,9 +289,10 @@ absl::Status WriteReport(const Results& res, const std::string& out_dir) {
         "Least-squares fit over the polling ingest runs: **peak RSS ~ %.1f MB + %.2f MB x "
         "sources + %.2f KB x sources x page items**. It does not grow with the number of "
         "events ingested: a worker holds one page being committed (polling) or up to "
-        "`sse_buffered_pages` (2) more (SSE), and RocksDB's memtables are bounded "
-        "(write_buffer_size x max_write_buffer_number per column family) and its block cache "
-        "is fixed.\n\n",
+        "`sse_buffered_pages` (2) more (SSE) plus the prefetched next page (polling), each "
+        "with its serialized rows; at most 4 finished pages wait for the deleter thread "
+        "(process-wide); RocksDB's memtables are bounded (write_buffer_size x "
+        "max_write_buffer_number per column family) and its block cache is fixed.\n\n",
         fit.a, fit.b, fit.c * 1024));
     md += "| run | sources | page | peak RSS | formula |\n| --- | --- | --- | --- | --- |\n";
     for (const auto& pt : fit.points) {
@@ -339,10 +340,13 @@ absl::Status WriteReport(const Results& res, const std::string& out_dir) {
         "- Recovery: the data set (one SST per source, bulk-ingested) is cached under the "
         "bench data dir; each run points the sources at this run's simulator and rewinds "
         "them, then times Store::Open + SourceManager::Create + Recover + the first commit.\n"
-        "- Admin: handoffd (`--insecure_disable_auth`) ingesting one source at full speed; "
-        "one GetProgress per millisecond over loopback gRPC.\n"
+        "- Admin: handoffd (`--insecure_disable_auth`); one GetProgress per millisecond over "
+        "loopback gRPC, first for up to 3 s with the source created but not started (the "
+        "machine's floor), then while it ingests at full speed.\n"
         "- Idle: getrusage(utime+stime) of the Handoff process over the window, after "
-        "every source caught up and its backoff settled.\n";
+        "every source caught up; polling: after its idle backoff reached the cap (3 windows), "
+        "polls counted at the provider interface; SSE: the window spans a whole 30 s "
+        "heartbeat period.\n";
   if (!res.history.empty()) {
     md += "\n## History\n\n";
     md += res.history;

@@ -12,6 +12,8 @@ absl::StatusOr<ReceiptLedger> ReceiptLedger::Load(const store::Store& store,
                                                   Position to) {
   ReceiptLedger ledger;
   absl::Status parse_error;
+  // Outcomes and holds from one point in time (Store::Snapshot explains the race).
+  const std::unique_ptr<store::Store::Snapshot> at = store.NewSnapshot();
   if (stage == store::Stage::kIngest) {
     RETURN_IF_ERROR(store.ScanRows(source_id, from, to,
                                    [&](Position pos, absl::string_view value) {
@@ -23,7 +25,8 @@ absl::StatusOr<ReceiptLedger> ReceiptLedger::Load(const store::Store& store,
                                      }
                                      ledger.entries_[pos].terminal_hash = row.block_hash();
                                      return true;
-                                   }));
+                                   },
+                                   at.get()));
   } else {
     RETURN_IF_ERROR(store.ScanStaged(
         store::StagedFamily::kReceipts, source_id, stage, from, to,
@@ -36,7 +39,8 @@ absl::StatusOr<ReceiptLedger> ReceiptLedger::Load(const store::Store& store,
           }
           ledger.entries_[pos].terminal_hash = receipt.block_hash();
           return true;
-        }));
+        },
+        at.get()));
   }
   RETURN_IF_ERROR(parse_error);
   RETURN_IF_ERROR(store.ScanStaged(store::StagedFamily::kHolds, source_id, stage, from, to,
@@ -49,7 +53,8 @@ absl::StatusOr<ReceiptLedger> ReceiptLedger::Load(const store::Store& store,
                                      }
                                      ledger.entries_[pos].hold = std::move(hold);
                                      return true;
-                                   }));
+                                   },
+                                   at.get()));
   RETURN_IF_ERROR(parse_error);
   return ledger;
 }

@@ -514,10 +514,20 @@ absl::StatusOr<CheckpointRecord> Store::CompareAndSwap(absl::string_view id, Sta
 
 // ---- Reads ----
 
+Store::Snapshot::Snapshot(rocksdb::DB* db) : db_(db), snapshot_(db->GetSnapshot()) {}
+
+Store::Snapshot::~Snapshot() { db_->ReleaseSnapshot(snapshot_); }
+
+std::unique_ptr<Store::Snapshot> Store::NewSnapshot() const {
+  return std::unique_ptr<Snapshot>(new Snapshot(db_.get()));
+}
+
 absl::Status Store::ScanRange(
     rocksdb::ColumnFamilyHandle* cf, const std::string& begin, const std::string& end_inclusive,
-    const std::function<bool(absl::string_view, absl::string_view)>& fn) const {
+    const std::function<bool(absl::string_view, absl::string_view)>& fn,
+    const Snapshot* at) const {
   rocksdb::ReadOptions ro;
+  if (at != nullptr) ro.snapshot = at->snapshot_;
   std::string upper = end_inclusive;
   upper.push_back('\0');  // smallest key greater than end_inclusive
   rocksdb::Slice upper_slice(upper);
@@ -531,7 +541,7 @@ absl::Status Store::ScanRange(
 
 absl::Status Store::ScanPositions(
     rocksdb::ColumnFamilyHandle* cf, const std::string& begin, const std::string& end_inclusive,
-    const std::function<bool(Position, absl::string_view)>& fn) const {
+    const std::function<bool(Position, absl::string_view)>& fn, const Snapshot* at) const {
   absl::Status decode_error;
   RETURN_IF_ERROR(ScanRange(cf, begin, end_inclusive,
                             [&](absl::string_view key, absl::string_view value) {
@@ -541,13 +551,14 @@ absl::Status Store::ScanPositions(
                                 return false;
                               }
                               return fn(*pos, value);
-                            }));
+                            },
+                            at));
   return decode_error;
 }
 
 absl::Status Store::ScanRows(absl::string_view id, Position from, Position to,
-                             const RowVisitor& fn) const {
-  return ScanPositions(cfs_.rows, keys::Positional(id, from), keys::Positional(id, to), fn);
+                             const RowVisitor& fn, const Snapshot* at) const {
+  return ScanPositions(cfs_.rows, keys::Positional(id, from), keys::Positional(id, to), fn, at);
 }
 
 absl::Status Store::ScanOutbox(absl::string_view id, Position from, Position to,
@@ -578,9 +589,10 @@ rocksdb::ColumnFamilyHandle* Store::Family(StagedFamily family) const {
 }
 
 absl::Status Store::ScanStaged(StagedFamily family, absl::string_view id, Stage stage,
-                               Position from, Position to, const StagedVisitor& fn) const {
+                               Position from, Position to, const StagedVisitor& fn,
+                               const Snapshot* at) const {
   return ScanPositions(Family(family), keys::Staged(id, stage, from),
-                       keys::Staged(id, stage, to), fn);
+                       keys::Staged(id, stage, to), fn, at);
 }
 
 absl::Status Store::ScanAll(StagedFamily family, absl::string_view start_after_key,

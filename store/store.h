@@ -174,18 +174,39 @@ class Store {
                                                   uint64_t expected_version,
                                                   absl::string_view next_cursor);
 
-  // ---- Reads (consistent per call, not across calls) ----
-  // Visits rows of `id` in [from, to] in source order until `fn` returns false.
+  // ---- Reads (consistent per call; across calls only through one Snapshot) ----
+  // A point-in-time view for reads that must agree with each other. A receipt ledger
+  // scans rows, then holds: without one view, a hold resolved between the two scans
+  // (terminal row written, hold deleted) looks like neither, i.e. like a RETRY, and the
+  // event would be delivered again after the operator's decision.
+  class Snapshot {
+   public:
+    ~Snapshot();
+    Snapshot(const Snapshot&) = delete;
+    Snapshot& operator=(const Snapshot&) = delete;
+
+   private:
+    friend class Store;
+    explicit Snapshot(rocksdb::DB* db);
+    rocksdb::DB* const db_;
+    const rocksdb::Snapshot* const snapshot_;
+  };
+  // Must not outlive the store.
+  std::unique_ptr<Snapshot> NewSnapshot() const;
+
+  // Visits rows of `id` in [from, to] in source order until `fn` returns false; as of
+  // `at` when given, else the latest state.
   using RowVisitor = std::function<bool(Position, absl::string_view serialized_row)>;
-  absl::Status ScanRows(absl::string_view id, Position from, Position to,
-                        const RowVisitor& fn) const;
+  absl::Status ScanRows(absl::string_view id, Position from, Position to, const RowVisitor& fn,
+                        const Snapshot* at = nullptr) const;
   absl::Status ScanOutbox(absl::string_view id, Position from, Position to,
                           const RowVisitor& fn) const;
   absl::StatusOr<std::optional<std::string>> GetRow(absl::string_view id, Position pos) const;
 
   using StagedVisitor = std::function<bool(Position, absl::string_view value)>;
   absl::Status ScanStaged(StagedFamily family, absl::string_view id, Stage stage,
-                          Position from, Position to, const StagedVisitor& fn) const;
+                          Position from, Position to, const StagedVisitor& fn,
+                          const Snapshot* at = nullptr) const;
   // Visits every hold or quarantine record of every source, from the key after
   // `start_after_key` (empty: from the start); fn gets the raw key for paging.
   using KeyedVisitor = std::function<bool(absl::string_view key, absl::string_view value)>;
@@ -221,11 +242,13 @@ class Store {
   rocksdb::ColumnFamilyHandle* Family(StagedFamily family) const;
   absl::Status ScanRange(rocksdb::ColumnFamilyHandle* cf, const std::string& begin,
                          const std::string& end_inclusive,
-                         const std::function<bool(absl::string_view, absl::string_view)>& fn) const;
+                         const std::function<bool(absl::string_view, absl::string_view)>& fn,
+                         const Snapshot* at = nullptr) const;
   // ScanRange over positional or staged keys; DATA_LOSS on a key without a position.
   absl::Status ScanPositions(rocksdb::ColumnFamilyHandle* cf, const std::string& begin,
                              const std::string& end_inclusive,
-                             const std::function<bool(Position, absl::string_view)>& fn) const;
+                             const std::function<bool(Position, absl::string_view)>& fn,
+                             const Snapshot* at = nullptr) const;
 
   // Constant after construction.
   const StoreOptions options_;

@@ -156,6 +156,7 @@ def main():
         stale.hold_version = first.version + 5
         e2e.expect_code(grpc.StatusCode.ABORTED, op.call, "ResolveHold", stale)
         resolved = 0
+        resolutions = []  # (block, log index, hold version, kind, reason), for the report
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             holds = op.call("ListHolds", admin.ListHoldsRequest(source_id="flow")).holds
@@ -173,9 +174,11 @@ def main():
                     reason="e2e: operator decision", hold_version=h.version))
                 assert r.record.actor == "ops", r.record  # the token's name, never the token
                 resolved += 1
+                resolutions.append((h.event.block_number, h.event.log_index, h.version,
+                                    h.kind, h.reason))
         assert resolved >= 1
         q = viewer.call("ListQuarantine", admin.ListQuarantineRequest(source_id="flow")).records
-        assert len(q) == resolved and all(x.actor == "ops" for x in q), q
+        assert len(q) == resolved and all(x.actor == "ops" for x in q), (resolutions, q)
         e2e.log("ok - resolved %d holds; the barrier advanced past block %d" %
                 (resolved, REVIEW_BLOCK))
 

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "consumer/fault_points.h"
 #include "store/records.pb.h"
 
 namespace handoff::consumer {
@@ -43,6 +44,9 @@ absl::StatusOr<ReceiptLedger> ReceiptLedger::Load(const store::Store& store,
         at.get()));
   }
   RETURN_IF_ERROR(parse_error);
+  // An interleaving point, not a crash point (a read has nothing to abandon): a test runs
+  // a hold resolution here, between the two scans.
+  FaultPoints::Hit("ledger.between_scans");
   RETURN_IF_ERROR(store.ScanStaged(store::StagedFamily::kHolds, source_id, stage, from, to,
                                    [&](Position pos, absl::string_view value) {
                                      handoff::v1::Hold hold;

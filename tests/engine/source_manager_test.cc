@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "consumer/fault_points.h"
 #include "consumer/source_manager.h"
 #include "consumer/source_manager_impl.h"
 #include "consumer/testing/fakes.h"
@@ -261,6 +262,58 @@ TEST_F(ManagerTest, ResolvingAHoldUnblocksAWaitingWorkerAtOnce) {
   }));
   // Resolving again: the hold is gone.
   EXPECT_EQ(manager_->ResolveHold(r, "alice").status().code(), absl::StatusCode::kNotFound);
+}
+
+// Regression: the worker rereads a blocked event's outcome and hold in two scans; a
+// resolution committed between them (terminal row written, hold deleted) must not look
+// like "neither", i.e. like a RETRY that delivers the event again after the operator's
+// QUARANTINE. Both scans read one store snapshot.
+TEST_F(ManagerTest, AHoldResolvedDuringTheLedgerReadIsNeverDeliveredAgain) {
+  handoff::v1::SourceSpec spec = Spec("h");
+  spec.mutable_sink()->mutable_downstream()->set_target("unused:1");
+  spec.mutable_failure_policy()->set_on_rejection(handoff::v1::REJECTION_POLICY_HOLD);
+  providers_["h"].SetPage("100", MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "c1"));
+  const std::string held = absl::StrCat("h/", MakeRow(101).block_hash(), "/0");
+  sink_.SetScript([held](const std::string& key, int) {
+    consumer::SinkAnswer a;
+    a.kind = key == held ? consumer::SinkAnswer::Kind::kNeedsReview
+                         : consumer::SinkAnswer::Kind::kApplied;
+    return a;
+  });
+  ASSERT_TRUE(Create(spec, true).ok());
+  ASSERT_TRUE(WaitFor("h", [](const handoff::v1::Progress& pr) {
+    return pr.state() == handoff::v1::SOURCE_STATE_BLOCKED_ON_HOLD;
+  }));
+  ASSERT_EQ(sink_.attempts(held), 1);
+
+  // The next ledger read of the worker gets the operator's decision between its scans.
+  std::atomic<bool> fired{false};
+  absl::Status resolved = absl::UnknownError("not run");
+  consumer::FaultPoints::Arm("ledger.between_scans", [&] {
+    if (!fired.exchange(true)) {
+      handoff::v1::ResolveHoldRequest r;
+      r.set_source_id("h");
+      r.set_stage(handoff::v1::STAGE_INGEST);
+      r.set_block_number(101);
+      r.set_log_index(0);
+      r.set_decision(handoff::v1::HOLD_DECISION_QUARANTINE);
+      r.set_reason("confirmed bad");
+      r.set_hold_version(1);
+      resolved = manager_->ResolveHold(r, "alice").status();
+    }
+    return false;  // not a crash
+  });
+  consumer::SourceManagerImpl* impl = static_cast<consumer::SourceManagerImpl*>(manager_.get());
+  impl->WorkerForTest("h")->Poke();  // the worker rereads its blocked events now
+  const bool passed = WaitFor("h", [](const handoff::v1::Progress& pr) {
+    return pr.checkpoint().resume_cursor() == "c1";
+  });
+  consumer::FaultPoints::DisarmAll();
+  ASSERT_TRUE(fired.load());
+  ASSERT_TRUE(resolved.ok()) << resolved;
+  EXPECT_TRUE(passed) << "the barrier did not pass the quarantined event";
+  EXPECT_EQ(sink_.attempts(held), 1) << "delivered again after the operator's QUARANTINE";
+  manager_->Shutdown();
 }
 
 TEST_F(ManagerTest, WaitingWorkersUseNoCpu) {

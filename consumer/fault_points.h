@@ -10,7 +10,7 @@
 // no cleanup of in-flight work and no further write, as a killed process would. The
 // test then reopens the database from disk in a fresh engine.
 //
-// Points (see consumer/README.md for the full list): ingest.after_fetch,
+// Points: ingest.after_fetch,
 // ingest.before_event_commit, ingest.after_event_commit, ingest.before_quarantine_commit,
 // ingest.after_quarantine_commit, ingest.after_deliver, ingest.before_barrier,
 // ingest.after_barrier, delivery.after_deliver, delivery.before_commit,

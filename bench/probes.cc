@@ -778,22 +778,27 @@ json Admin(const ProbeArgs& a) {
   handoff::v1::GetProgressRequest preq;
   preq.set_source_id("admin-0");
   handoff::v1::Progress progress;
+  // One GetProgress per millisecond until `end`, each call's latency in microseconds.
+  auto sample = [&](absl::Time end, std::vector<double>* us) -> grpc::Status {
+    while (absl::Now() < end) {
+      grpc::ClientContext ctx;
+      const absl::Time c0 = absl::Now();
+      grpc::Status gs = stub->GetProgress(&ctx, preq, &progress);
+      us->push_back(absl::ToDoubleMicroseconds(absl::Now() - c0));
+      if (!gs.ok()) return gs;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return grpc::Status::OK;
+  };
   // The same calls to the same server with nothing ingesting: the floor of this machine.
   std::vector<double> idle_us;
-  for (const absl::Time idle_end = absl::Now() + absl::Seconds(std::min(a.window_s, 3.0));
-       absl::Now() < idle_end;) {
-    grpc::ClientContext ctx;
-    const absl::Time c0 = absl::Now();
-    grpc::Status gs = stub->GetProgress(&ctx, preq, &progress);
-    idle_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - c0));
-    if (!gs.ok()) return Error(absl::StrCat("GetProgress: ", gs.error_message()));
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  grpc::Status gs = sample(absl::Now() + absl::Seconds(std::min(a.window_s, 3.0)), &idle_us);
+  if (!gs.ok()) return Error(absl::StrCat("GetProgress: ", gs.error_message()));
   {
     grpc::ClientContext ctx;
     handoff::v1::StartSourceRequest start;
     start.set_source_id("admin-0");
-    grpc::Status gs = stub->StartSource(&ctx, start, &created);
+    gs = stub->StartSource(&ctx, start, &created);
     if (!gs.ok()) return Error(absl::StrCat("StartSource: ", gs.error_message()));
   }
   auto applied = [&]() -> int64_t {
@@ -806,15 +811,8 @@ json Admin(const ProbeArgs& a) {
   const int64_t before = applied();
   std::vector<double> us;
   const absl::Time t0 = absl::Now();
-  const absl::Time end = t0 + absl::Seconds(a.window_s);
-  while (absl::Now() < end) {
-    grpc::ClientContext ctx;
-    const absl::Time c0 = absl::Now();
-    grpc::Status gs = stub->GetProgress(&ctx, preq, &progress);
-    us.push_back(absl::ToDoubleMicroseconds(absl::Now() - c0));
-    if (!gs.ok()) return Error(absl::StrCat("GetProgress: ", gs.error_message()));
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  gs = sample(t0 + absl::Seconds(a.window_s), &us);
+  if (!gs.ok()) return Error(absl::StrCat("GetProgress: ", gs.error_message()));
   const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
   const int64_t after = progress.counters().applied();
   json out = LatencyJson(us);

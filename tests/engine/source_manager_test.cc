@@ -94,6 +94,28 @@ class ManagerTest : public ::testing::Test {
     req.set_start(start);
     return manager_->CreateSource(req);
   }
+  // Source "h" (downstream sink, holds on rejection) runs a page of events 100:0 and
+  // 101:0; the sink asks for review of 101:0, so the worker blocks on its hold.
+  // `held` gets the held event's idempotency key.
+  void BlockOnAReviewHoldAt101(std::string* held_key = nullptr) {
+    handoff::v1::SourceSpec spec = Spec("h");
+    spec.mutable_sink()->mutable_downstream()->set_target("unused:1");
+    spec.mutable_failure_policy()->set_on_rejection(handoff::v1::REJECTION_POLICY_HOLD);
+    providers_["h"].SetPage("100", MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "c1"));
+    const std::string held = absl::StrCat("h/", MakeRow(101).block_hash(), "/0");
+    sink_.SetScript([held](const std::string& key, int) {
+      consumer::SinkAnswer a;
+      a.kind = key == held ? consumer::SinkAnswer::Kind::kNeedsReview
+                           : consumer::SinkAnswer::Kind::kApplied;
+      a.message = "looks odd";
+      return a;
+    });
+    if (held_key != nullptr) *held_key = held;
+    ASSERT_TRUE(Create(spec, true).ok());
+    ASSERT_TRUE(WaitFor("h", [](const handoff::v1::Progress& pr) {
+      return pr.state() == handoff::v1::SOURCE_STATE_BLOCKED_ON_HOLD;
+    }));
+  }
   bool WaitFor(const std::string& id, const std::function<bool(const handoff::v1::Progress&)>& f,
                absl::Duration timeout = absl::Seconds(10)) {
     const absl::Time deadline = absl::Now() + timeout;
@@ -221,22 +243,7 @@ TEST_F(ManagerTest, ACheckpointIsOnlyValidForItsIdentityUntilRebuilt) {
 }
 
 TEST_F(ManagerTest, ResolvingAHoldUnblocksAWaitingWorkerAtOnce) {
-  handoff::v1::SourceSpec spec = Spec("h");
-  spec.mutable_sink()->mutable_downstream()->set_target("unused:1");
-  spec.mutable_failure_policy()->set_on_rejection(handoff::v1::REJECTION_POLICY_HOLD);
-  providers_["h"].SetPage("100", MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "c1"));
-  const std::string held = absl::StrCat("h/", MakeRow(101).block_hash(), "/0");
-  sink_.SetScript([held](const std::string& key, int) {
-    consumer::SinkAnswer a;
-    a.kind = key == held ? consumer::SinkAnswer::Kind::kNeedsReview
-                         : consumer::SinkAnswer::Kind::kApplied;
-    a.message = "looks odd";
-    return a;
-  });
-  ASSERT_TRUE(Create(spec, true).ok());
-  ASSERT_TRUE(WaitFor("h", [](const handoff::v1::Progress& pr) {
-    return pr.state() == handoff::v1::SOURCE_STATE_BLOCKED_ON_HOLD;
-  }));
+  ASSERT_NO_FATAL_FAILURE(BlockOnAReviewHoldAt101());
   absl::StatusOr<handoff::v1::Progress> pr = manager_->GetProgress("h");
   ASSERT_TRUE(pr.ok());
   EXPECT_EQ(pr->counters().open_holds(), 1u);
@@ -269,21 +276,8 @@ TEST_F(ManagerTest, ResolvingAHoldUnblocksAWaitingWorkerAtOnce) {
 // like "neither", i.e. like a RETRY that delivers the event again after the operator's
 // QUARANTINE. Both scans read one store snapshot.
 TEST_F(ManagerTest, AHoldResolvedDuringTheLedgerReadIsNeverDeliveredAgain) {
-  handoff::v1::SourceSpec spec = Spec("h");
-  spec.mutable_sink()->mutable_downstream()->set_target("unused:1");
-  spec.mutable_failure_policy()->set_on_rejection(handoff::v1::REJECTION_POLICY_HOLD);
-  providers_["h"].SetPage("100", MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "c1"));
-  const std::string held = absl::StrCat("h/", MakeRow(101).block_hash(), "/0");
-  sink_.SetScript([held](const std::string& key, int) {
-    consumer::SinkAnswer a;
-    a.kind = key == held ? consumer::SinkAnswer::Kind::kNeedsReview
-                         : consumer::SinkAnswer::Kind::kApplied;
-    return a;
-  });
-  ASSERT_TRUE(Create(spec, true).ok());
-  ASSERT_TRUE(WaitFor("h", [](const handoff::v1::Progress& pr) {
-    return pr.state() == handoff::v1::SOURCE_STATE_BLOCKED_ON_HOLD;
-  }));
+  std::string held;
+  ASSERT_NO_FATAL_FAILURE(BlockOnAReviewHoldAt101(&held));
   ASSERT_EQ(sink_.attempts(held), 1);
 
   // The next ledger read of the worker gets the operator's decision between its scans.

@@ -116,6 +116,18 @@ class ManagerTest : public ::testing::Test {
       return pr.state() == handoff::v1::SOURCE_STATE_BLOCKED_ON_HOLD;
     }));
   }
+  // The operator's QUARANTINE of that hold (version 1).
+  static handoff::v1::ResolveHoldRequest QuarantineTheHoldAt101() {
+    handoff::v1::ResolveHoldRequest r;
+    r.set_source_id("h");
+    r.set_stage(handoff::v1::STAGE_INGEST);
+    r.set_block_number(101);
+    r.set_log_index(0);
+    r.set_decision(handoff::v1::HOLD_DECISION_QUARANTINE);
+    r.set_reason("confirmed bad");
+    r.set_hold_version(1);
+    return r;
+  }
   bool WaitFor(const std::string& id, const std::function<bool(const handoff::v1::Progress&)>& f,
                absl::Duration timeout = absl::Seconds(10)) {
     const absl::Time deadline = absl::Now() + timeout;
@@ -253,14 +265,7 @@ TEST_F(ManagerTest, ResolvingAHoldUnblocksAWaitingWorkerAtOnce) {
   EXPECT_EQ(pr->attempt().next_cursor(), "c1");
   EXPECT_EQ(pr->checkpoint().resume_cursor(), "100");
 
-  handoff::v1::ResolveHoldRequest r;
-  r.set_source_id("h");
-  r.set_stage(handoff::v1::STAGE_INGEST);
-  r.set_block_number(101);
-  r.set_log_index(0);
-  r.set_decision(handoff::v1::HOLD_DECISION_QUARANTINE);
-  r.set_reason("confirmed bad");
-  r.set_hold_version(1);
+  const handoff::v1::ResolveHoldRequest r = QuarantineTheHoldAt101();
   absl::StatusOr<handoff::v1::ResolveHoldResponse> res = manager_->ResolveHold(r, "alice");
   ASSERT_TRUE(res.ok()) << res.status();
   EXPECT_EQ(res->record().actor(), "alice");
@@ -285,15 +290,7 @@ TEST_F(ManagerTest, AHoldResolvedDuringTheLedgerReadIsNeverDeliveredAgain) {
   absl::Status resolved = absl::UnknownError("not run");
   consumer::FaultPoints::Arm("ledger.between_scans", [&] {
     if (!fired.exchange(true)) {
-      handoff::v1::ResolveHoldRequest r;
-      r.set_source_id("h");
-      r.set_stage(handoff::v1::STAGE_INGEST);
-      r.set_block_number(101);
-      r.set_log_index(0);
-      r.set_decision(handoff::v1::HOLD_DECISION_QUARANTINE);
-      r.set_reason("confirmed bad");
-      r.set_hold_version(1);
-      resolved = manager_->ResolveHold(r, "alice").status();
+      resolved = manager_->ResolveHold(QuarantineTheHoldAt101(), "alice").status();
     }
     return false;  // not a crash
   });

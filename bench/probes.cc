@@ -38,6 +38,7 @@
 #include "sim/synthetic_chain.h"
 #include "store/keys.h"
 #include "store/records.pb.h"
+#include "store/row_codec.h"
 #include "store/store.h"
 
 extern char** environ;
@@ -278,7 +279,7 @@ std::vector<std::string> TemplateRows(int logs_per_block, uint64_t blocks) {
   sim::SyntheticChain chain(co);
   std::vector<std::string> out;
   for (const handoff::v1::EventRow& row : chain.Canonical(0, blocks - 1)) {
-    out.push_back(row.SerializeAsString());
+    out.push_back(store::EncodeRow(row));
   }
   return out;
 }
@@ -567,7 +568,7 @@ absl::Status GenerateRecoveryData(const ProbeArgs& a, const std::string& db_path
         row.set_log_index(l);
         row.set_transaction_index(l);
         value.clear();
-        row.SerializeToString(&value);
+        store::AppendEncodedRow(row, &value);
         s = writer.Put(store::keys::Positional(id, Position{b, static_cast<uint64_t>(l)}), value);
         if (!s.ok()) return absl::InternalError(s.ToString());
       }

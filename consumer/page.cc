@@ -1,19 +1,19 @@
 #include "consumer/page.h"
 
+#include "store/row_codec.h"
+
 namespace handoff::consumer {
 
-void SerializeItems(Page* page) {
+void EncodeItems(Page* page) {
   page->row_ends.clear();
   page->row_ends.reserve(page->items.size());
-  size_t total = 0;
+  page->row_bytes.clear();
+  // A stored row is about half its wire text; reserving that keeps this to one or two
+  // allocations per page.
+  page->row_bytes.reserve(page->wire_bytes / 2 + 64 * page->items.size());
   for (const handoff::v1::EventRow& row : page->items) {
-    total += row.ByteSizeLong();  // caches each message's size
-    page->row_ends.push_back(total);
-  }
-  page->row_bytes.resize(total);
-  uint8_t* out = reinterpret_cast<uint8_t*>(page->row_bytes.data());
-  for (const handoff::v1::EventRow& row : page->items) {
-    out = row.SerializeWithCachedSizesToArray(out);
+    store::AppendEncodedRow(row, &page->row_bytes);
+    page->row_ends.push_back(page->row_bytes.size());
   }
 }
 

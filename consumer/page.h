@@ -39,24 +39,24 @@ struct Page {
   // Size of the body or frame data the page came from.
   size_t wire_bytes = 0;
 
-  // Optional: every item serialized (the bytes stored as its row), made by the parser on
-  // the fetching thread so the commit path only copies them. Item i is
+  // Optional: every item encoded as its stored row (store/row_codec.h), made by the
+  // parser on the fetching thread so the commit path only copies them. Item i is
   // row_bytes[row_ends[i-1], row_ends[i]). Empty when the page was built another way;
-  // the engine then serializes on demand. Items must not change once this is filled.
+  // the engine then encodes on demand. Items must not change once this is filled.
   std::string row_bytes;
   std::vector<size_t> row_ends;
 
-  // The serialized bytes of item i, or an empty view when row_bytes is not filled.
-  absl::string_view SerializedItem(size_t i) const {
+  // The stored-row bytes of item i, or an empty view when row_bytes is not filled.
+  absl::string_view EncodedItem(size_t i) const {
     if (row_ends.size() != items.size() || i >= row_ends.size()) return {};
     const size_t begin = i == 0 ? 0 : row_ends[i - 1];
     return absl::string_view(row_bytes).substr(begin, row_ends[i] - begin);
   }
-  bool has_serialized_items() const { return !items.empty() && row_ends.size() == items.size(); }
+  bool has_encoded_items() const { return !items.empty() && row_ends.size() == items.size(); }
 };
 
-// Fills page->row_bytes/row_ends from page->items (one allocation for the page).
-void SerializeItems(Page* page);
+// Fills page->row_bytes/row_ends from page->items.
+void EncodeItems(Page* page);
 
 inline Position PositionOf(const handoff::v1::EventRow& row) {
   return Position{row.block_number(), row.log_index()};

@@ -11,6 +11,7 @@
 #include "consumer/page_validator.h"
 #include "consumer/receipt_ledger.h"
 #include "store/records.pb.h"
+#include "store/row_codec.h"
 
 namespace handoff::consumer {
 namespace {
@@ -267,10 +268,10 @@ absl::Status PageAttempt::StageTerminal(size_t i, Decision::Kind kind, const std
   const Position pos = slots_[i].pos;
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
   if (config_.stage == store::Stage::kIngest) {
-    absl::string_view bytes = page_.SerializedItem(i);  // made by the parser, if any
-    if (!page_.has_serialized_items()) {
+    absl::string_view bytes = page_.EncodedItem(i);  // made by the parser, if any
+    if (!page_.has_encoded_items()) {
       row_bytes_.clear();  // keeps its capacity: no allocation per row
-      row.AppendToString(&row_bytes_);
+      store::AppendEncodedRow(row, &row_bytes_);
       bytes = row_bytes_;
     }
     step->PutRow(pos, bytes);

@@ -4,6 +4,7 @@
 #include "base/status_macros.h"
 #include "consumer/fault_points.h"
 #include "store/records.pb.h"
+#include "store/row_codec.h"
 
 namespace handoff::consumer {
 
@@ -19,9 +20,10 @@ absl::StatusOr<ReceiptLedger> ReceiptLedger::Load(const store::Store& store,
     RETURN_IF_ERROR(store.ScanRows(source_id, from, to,
                                    [&](Position pos, absl::string_view value) {
                                      handoff::v1::EventRow row;
-                                     if (!row.ParseFromArray(value.data(), value.size())) {
+                                     absl::Status s = store::DecodeRow(value, &row);
+                                     if (!s.ok()) {
                                        parse_error = absl::DataLossError(absl::StrCat(
-                                           "unreadable row at ", pos.DebugString()));
+                                           s.message(), " at ", pos.DebugString()));
                                        return false;
                                      }
                                      ledger.entries_[pos].terminal_hash = row.block_hash();

@@ -14,6 +14,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "store/keys.h"
 #include "store/records.pb.h"
+#include "store/row_codec.h"
 
 namespace handoff::consumer {
 namespace {
@@ -557,10 +558,10 @@ absl::StatusOr<handoff::v1::ResolveHoldResponse> SourceManagerImpl::ResolveHold(
     step->DeleteHold(stage, pos);
     if (stage == store::Stage::kIngest) {
       // The row is the ingest receipt: the event now has a durable terminal outcome.
-      step->PutRow(pos, hold.event_row().SerializeAsString());
+      step->PutRow(pos, store::EncodeRow(hold.event_row()));
       absl::StatusOr<handoff::v1::Source> source = store_->GetSource(request.source_id());
       if (source.ok() && IsGated(source->spec())) {
-        step->PutOutbox(pos, hold.event_row().SerializeAsString());
+        step->PutOutbox(pos, store::EncodeRow(hold.event_row()));
       }
     } else {
       step->DeleteOutbox(pos);
@@ -649,11 +650,9 @@ absl::StatusOr<handoff::v1::QueryEventsResponse> SourceManagerImpl::QueryEvents(
                                        next = pos;
                                        return false;
                                      }
-                                     if (!response.add_rows()->ParseFromArray(value.data(),
-                                                                              value.size())) {
-                                       parse_error = absl::DataLossError("unreadable row");
-                                       return false;
-                                     }
+                                     parse_error =
+                                         store::DecodeRow(value, response.add_rows());
+                                     if (!parse_error.ok()) return false;
                                      return true;
                                    }));
   RETURN_IF_ERROR(parse_error);

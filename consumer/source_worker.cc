@@ -8,6 +8,7 @@
 #include "consumer/fault_points.h"
 #include "consumer/outcome_policy.h"
 #include "consumer/thread_priority.h"
+#include "store/row_codec.h"
 
 namespace handoff::consumer {
 bool IsHaltedState(handoff::v1::SourceState s) {
@@ -468,9 +469,10 @@ void SourceWorker::DeliveryLoop() {
         absl::Status s = parts_.store->ScanOutbox(
             spec_.id(), from, to, [&](Position pos, absl::string_view value) {
               handoff::v1::EventRow row;
-              if (!row.ParseFromArray(value.data(), value.size())) {
-                parse_error = absl::DataLossError(
-                    absl::StrCat("unreadable outbox entry at ", pos.DebugString()));
+              absl::Status s = store::DecodeRow(value, &row);
+              if (!s.ok()) {
+                parse_error = absl::DataLossError(absl::StrCat(
+                    "outbox entry at ", pos.DebugString(), ": ", s.message()));
                 return false;
               }
               run.items.push_back(std::move(row));

@@ -100,7 +100,8 @@ absl::StatusOr<int> ProviderSim::Start(int port) {
   const int threads = std::max(4, options_.threads);
   s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   s.set_keep_alive_max_count(1u << 30);
-  s.set_keep_alive_timeout(60);
+  s.set_keep_alive_timeout(
+      std::max<time_t>(1, absl::ToInt64Seconds(options_.keep_alive_timeout)));
   s.set_read_timeout(30, 0);
   s.set_write_timeout(120, 0);
   s.set_tcp_nodelay(true);

@@ -87,6 +87,10 @@ struct ProviderSimOptions {
   // SSE writes an empty page with an unchanged `next` after this much quiet.
   absl::Duration heartbeat = absl::Seconds(30);
   int threads = 64;  // concurrent connections (each open stream holds one)
+  // An idle kept-alive connection is closed after this long (whole seconds, at least 1).
+  // cpp-httplib waits for a connection's next request by polling it every ~10 ms, so
+  // each idle kept-alive connection costs the simulator ~100 wakeups a second.
+  absl::Duration keep_alive_timeout = absl::Seconds(60);
   std::string host = "127.0.0.1";
   bool decimal_strings = false;  // page numbers as "123" instead of 123
   uint64_t fault_seed = 7;

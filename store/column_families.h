@@ -13,8 +13,8 @@ struct ColumnFamilies {
   rocksdb::ColumnFamilyHandle* receipts = nullptr;     // <id,stage,pos> -> ReceiptRecord
   rocksdb::ColumnFamilyHandle* quarantine = nullptr;   // <id,stage,pos> -> QuarantineRecord
   rocksdb::ColumnFamilyHandle* holds = nullptr;        // <id,stage,pos> -> Hold
-  rocksdb::ColumnFamilyHandle* rows = nullptr;         // <id,pos> -> EventRow
-  rocksdb::ColumnFamilyHandle* outbox = nullptr;       // <id,pos> -> EventRow
+  rocksdb::ColumnFamilyHandle* rows = nullptr;         // <id,pos> -> encoded EventRow (row_codec.h)
+  rocksdb::ColumnFamilyHandle* outbox = nullptr;       // <id,pos> -> encoded EventRow
   rocksdb::ColumnFamilyHandle* meta = nullptr;         // name -> value
 };
 

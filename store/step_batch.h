@@ -34,7 +34,7 @@ class StepBatch {
 
   const std::string& source_id() const { return source_id_; }
 
-  // Derived rows. `row` is a serialized handoff.v1.EventRow; a row is also the ingest
+  // Derived rows. `row` is an encoded event row (store/row_codec.h); a row is also the ingest
   // receipt of its event when the source's effect is local rows.
   void PutRow(Position pos, absl::string_view serialized_row);
   void DeleteRow(Position pos);
@@ -48,7 +48,7 @@ class StepBatch {
   void PutHold(Stage stage, Position pos, const handoff::v1::Hold& hold);
   void DeleteHold(Stage stage, Position pos);
 
-  // Outbox entries: serialized handoff.v1.EventRow awaiting gated delivery.
+  // Outbox entries: encoded event rows (store/row_codec.h) awaiting gated delivery.
   void PutOutbox(Position pos, absl::string_view serialized_row);
   void DeleteOutbox(Position pos);
 

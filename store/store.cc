@@ -220,10 +220,18 @@ absl::Status Store::CheckSchema() {
   }
   RETURN_IF_ERROR(FromRocks(s, "read schema version"));
   int version = 0;
-  if (!absl::SimpleAtoi(value, &version) || version != kSchemaVersion) {
+  if (!absl::SimpleAtoi(value, &version) || version < kOldestReadableSchemaVersion ||
+      version > kSchemaVersion) {
     return absl::FailedPreconditionError(absl::StrCat(
         "store: ", options_.path, " has schema version '", value, "', this build reads "
-        "version ", kSchemaVersion, "; refusing to open (upgrade or use another data_dir)"));
+        "versions ", kOldestReadableSchemaVersion, " to ", kSchemaVersion,
+        "; refusing to open (upgrade or use another data_dir)"));
+  }
+  if (version < kSchemaVersion) {
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    return FromRocks(db_->Put(wo, cfs_.meta, kSchemaKey, std::to_string(kSchemaVersion)),
+                     "upgrade schema version");
   }
   return absl::OkStatus();
 }

@@ -55,7 +55,12 @@
 namespace handoff::store {
 
 // The schema this build reads and writes; kept in meta/"schema_version".
-inline constexpr int kSchemaVersion = 1;
+//  1: rows and outbox entries are serialized handoff.v1.EventRow.
+//  2: they may also be in the compact StoredRow format (store/row_codec.h). A version 1
+//     database is upgraded in place when opened (only the version changes: its rows
+//     still decode); a build that reads only version 1 then refuses it.
+inline constexpr int kSchemaVersion = 2;
+inline constexpr int kOldestReadableSchemaVersion = 1;
 
 struct StoreOptions {
   // Database directory; created if missing.

@@ -24,6 +24,7 @@
 #include "rocksdb/env.h"
 #include "store/fault_injection_fs.h"
 #include "store/keys.h"
+#include "store/row_codec.h"
 
 namespace handoff::store {
 namespace {
@@ -493,22 +494,70 @@ absl::Status OpenStatus(const std::string& path) {
   return Store::Open(options).status();
 }
 
-TEST_F(StoreTest, RefusesAnotherSchemaVersion) {
+// Writes meta/schema_version with plain RocksDB.
+void SetSchemaVersion(const std::string& path, const std::string& version) {
+  WithRawDb(path, [&](rocksdb::DB* db, const std::vector<std::string>& names,
+                      const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (names[i] == "meta") {
+        ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[i], "schema_version", version).ok());
+      }
+    }
+  });
+}
+
+TEST_F(StoreTest, RefusesANewerSchemaVersion) {
   Open();
   Seed("s");
+  store_.reset();
+  SetSchemaVersion(path_, "3");
+  absl::Status s = OpenStatus(path_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(s.message(), "schema version '3'")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "reads versions 1 to 2")) << s;
+}
+
+// A version 1 database (rows as serialized EventRow) opens, is marked version 2, and its
+// rows still decode next to rows written in the new format.
+TEST_F(StoreTest, UpgradesSchemaVersionOneInPlace) {
+  Open();
+  Seed("s");
+  handoff::v1::EventRow legacy;
+  legacy.set_block_number(1);
+  legacy.set_block_hash("0x" + std::string(64, 'a'));
+  legacy.set_data("0xABCD");
+  std::unique_ptr<StepBatch> step = store_->NewStep("s");
+  step->PutRow(Position{1, 0}, legacy.SerializeAsString());
+  handoff::v1::EventRow current = legacy;
+  current.set_block_number(2);
+  step->PutRow(Position{2, 0}, EncodeRow(current));
+  Fence fence;
+  ASSERT_TRUE(store_->CommitStep(Stage::kIngest, step.get(), fence, CheckpointUpdate{}).ok());
+  store_.reset();
+  SetSchemaVersion(path_, "1");
+  Open();
+  std::vector<handoff::v1::EventRow> rows;
+  ASSERT_TRUE(store_
+                  ->ScanRows("s", Position{0, 0}, Position{9, 9},
+                             [&](Position, absl::string_view value) {
+                               rows.emplace_back();
+                               EXPECT_TRUE(DecodeRow(value, &rows.back()).ok());
+                               return true;
+                             })
+                  .ok());
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].SerializeAsString(), legacy.SerializeAsString());
+  EXPECT_EQ(rows[1].SerializeAsString(), current.SerializeAsString());
   store_.reset();
   WithRawDb(path_, [](rocksdb::DB* db, const std::vector<std::string>& names,
                       const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
     for (size_t i = 0; i < names.size(); ++i) {
-      if (names[i] == "meta") {
-        ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[i], "schema_version", "2").ok());
-      }
+      if (names[i] != "meta") continue;
+      std::string v;
+      ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), handles[i], "schema_version", &v).ok());
+      EXPECT_EQ(v, "2");
     }
   });
-  absl::Status s = OpenStatus(path_);
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(absl::StrContains(s.message(), "schema version '2'")) << s;
-  EXPECT_TRUE(absl::StrContains(s.message(), "reads version 1")) << s;
 }
 
 TEST_F(StoreTest, RefusesForeignDirectory) {

@@ -105,6 +105,17 @@ class CurlSession {
     multi_ = curl_multi_init();
     easy_ = curl_easy_init();
     curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, 1L);
+    if (easy_ == nullptr) return;
+    curl_easy_setopt(easy_, CURLOPT_HTTPGET, 1L);
+    curl_easy_setopt(easy_, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(easy_, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(easy_, CURLOPT_FOLLOWLOCATION, 0L);
+    curl_easy_setopt(easy_, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(easy_, CURLOPT_TCP_NODELAY, 1L);
+    // Set once: curl_easy_reset would free and reallocate this buffer every request.
+    curl_easy_setopt(easy_, CURLOPT_BUFFERSIZE, 256L * 1024);
+    curl_easy_setopt(easy_, CURLOPT_WRITEFUNCTION, &CurlSession::WriteCallback);
+    curl_easy_setopt(easy_, CURLOPT_HEADERFUNCTION, &CurlSession::HeaderCallback);
   }
   ~CurlSession() {
     curl_easy_cleanup(easy_);
@@ -123,25 +134,17 @@ class CurlSession {
     curl_slist* headers = nullptr;
     for (const std::string& h : request.headers) headers = curl_slist_append(headers, h.c_str());
     char error[CURL_ERROR_SIZE] = {0};
-    curl_easy_reset(easy_);
+    // The options every request shares were set once (constructor); the handle is
+    // reused so that its connection and buffers are too.
     curl_easy_setopt(easy_, CURLOPT_URL, request.url.c_str());
-    curl_easy_setopt(easy_, CURLOPT_HTTPGET, 1L);
     curl_easy_setopt(easy_, CURLOPT_HTTPHEADER, headers);
     curl_easy_setopt(easy_, CURLOPT_USERAGENT, request.user_agent.c_str());
-    curl_easy_setopt(easy_, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(easy_, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(easy_, CURLOPT_FOLLOWLOCATION, 0L);
     curl_easy_setopt(easy_, CURLOPT_CONNECTTIMEOUT_MS,
                      static_cast<long>(absl::ToInt64Milliseconds(request.connect_timeout)));
-    curl_easy_setopt(easy_, CURLOPT_TCP_KEEPALIVE, 1L);
-    curl_easy_setopt(easy_, CURLOPT_TCP_NODELAY, 1L);
-    curl_easy_setopt(easy_, CURLOPT_BUFFERSIZE, 256L * 1024);
     curl_easy_setopt(easy_, CURLOPT_ERRORBUFFER, error);
-    curl_easy_setopt(easy_, CURLOPT_WRITEFUNCTION, &CurlSession::WriteCallback);
     curl_easy_setopt(easy_, CURLOPT_WRITEDATA, &ctx);
-    curl_easy_setopt(easy_, CURLOPT_HEADERFUNCTION, &CurlSession::HeaderCallback);
     curl_easy_setopt(easy_, CURLOPT_HEADERDATA, &ctx);
-    if (fresh_connect_.exchange(false)) curl_easy_setopt(easy_, CURLOPT_FRESH_CONNECT, 1L);
+    curl_easy_setopt(easy_, CURLOPT_FRESH_CONNECT, fresh_connect_.exchange(false) ? 1L : 0L);
 
     Result result;
     curl_multi_add_handle(multi_, easy_);

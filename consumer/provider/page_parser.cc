@@ -445,7 +445,7 @@ struct PageParser::Impl {
     if (!s.ok()) return s;
     page.wire_bytes = buffer.size();
     // Serialized here, on the fetching thread, so the commit path only copies bytes.
-    SerializeItems(&page);
+    EncodeItems(&page);
     return page;
   }
 };

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "gtest/gtest.h"
+#include "store/row_codec.h"
 
 namespace handoff::consumer {
 namespace {
@@ -56,18 +57,18 @@ TEST(PageParserTest, ParsesValidPage) {
   EXPECT_EQ(page->wire_bytes, ValidPage().size());
 }
 
-TEST(PageParserTest, ItemsArriveSerializedForTheCommitPath) {
+TEST(PageParserTest, ItemsArriveEncodedForTheCommitPath) {
   absl::StatusOr<Page> page = ParsePage(ValidPage());
   ASSERT_TRUE(page.ok()) << page.status();
-  ASSERT_TRUE(page->has_serialized_items());
+  ASSERT_TRUE(page->has_encoded_items());
   for (size_t i = 0; i < page->items.size(); ++i) {
-    EXPECT_EQ(page->SerializedItem(i), page->items[i].SerializeAsString()) << i;
+    EXPECT_EQ(page->EncodedItem(i), store::EncodeRow(page->items[i])) << i;
   }
-  EXPECT_TRUE(page->SerializedItem(page->items.size()).empty());
+  EXPECT_TRUE(page->EncodedItem(page->items.size()).empty());
   Page built;  // a page made without the parser serializes on demand
   built.items.push_back(page->items[0]);
-  EXPECT_FALSE(built.has_serialized_items());
-  EXPECT_TRUE(built.SerializedItem(0).empty());
+  EXPECT_FALSE(built.has_encoded_items());
+  EXPECT_TRUE(built.EncodedItem(0).empty());
 }
 
 TEST(PageParserTest, ReusedParserAndOwnedBuffer) {

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "consumer/fault_points.h"
 #include "consumer/source_manager.h"
+#include "store/row_codec.h"
 
 namespace handoff::tests {
 
@@ -149,7 +150,8 @@ std::map<Position, std::string> Harness::Rows() {
       ->ScanRows(spec_.id(), Position{0, 0}, Position{kMax, kMax},
                  [&](Position pos, absl::string_view value) {
                    handoff::v1::EventRow row;
-                   row.ParseFromArray(value.data(), value.size());
+                   // An unreadable row shows as an empty hash, which no check accepts.
+                   store::DecodeRow(value, &row).IgnoreError();
                    rows[pos] = row.block_hash();
                    return true;
                  })

@@ -32,6 +32,7 @@
 #include "rocksdb/env.h"
 #include "sim/provider_sim.h"
 #include "store/fault_injection_fs.h"
+#include "store/row_codec.h"
 #include "store/store.h"
 
 namespace handoff::tests {
@@ -150,7 +151,7 @@ class StorageFaultTest : public ::testing::TestWithParam<FaultCase> {
         id, Position{0, 0}, Position{kMaxIndex, kMaxIndex},
         [&](Position pos, absl::string_view value) {
           handoff::v1::EventRow row;
-          EXPECT_TRUE(row.ParseFromArray(value.data(), value.size()));
+          EXPECT_TRUE(store::DecodeRow(value, &row).ok());
           rows[pos] = row.block_hash();
           return true;
         });

@@ -1,0 +1,133 @@
+#include "store/row_codec.h"
+
+#include <random>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "store/records.pb.h"
+
+namespace handoff::store {
+namespace {
+
+std::string Hex(size_t bytes, char digit) { return "0x" + std::string(2 * bytes, digit); }
+
+handoff::v1::EventRow CanonicalRow() {
+  handoff::v1::EventRow row;
+  row.set_block_number(1234567);
+  row.set_log_index(42);
+  row.set_block_hash("0x" + std::string(62, 'a') + "0f");
+  row.set_address(Hex(20, '7'));
+  row.add_topics(Hex(32, 'd'));
+  row.add_topics("0x" + std::string(64, '0'));
+  row.set_data("0x" + std::string(128, 'e') + "0123456789abcdef");
+  row.set_transaction_hash(Hex(32, '5'));
+  row.set_transaction_index(3);
+  return row;
+}
+
+void ExpectRoundTrip(const handoff::v1::EventRow& row) {
+  handoff::v1::EventRow back;
+  back.set_data("stale");  // DecodeRow must clear what was there
+  ASSERT_TRUE(DecodeRow(EncodeRow(row), &back).ok());
+  EXPECT_EQ(back.SerializeAsString(), row.SerializeAsString()) << row.DebugString();
+}
+
+TEST(RowCodecTest, CanonicalHexIsStoredAsBytes) {
+  const handoff::v1::EventRow row = CanonicalRow();
+  const std::string value = EncodeRow(row);
+  ASSERT_FALSE(value.empty());
+  EXPECT_EQ(value[0], '\0');
+  StoredRow stored;
+  ASSERT_TRUE(stored.ParseFromString(value.substr(1)));
+  EXPECT_EQ(stored.verbatim(), 0u);
+  EXPECT_EQ(stored.address(), std::string(20, '\x77'));
+  EXPECT_EQ(stored.block_hash().size(), 32u);
+  EXPECT_EQ(stored.block_hash().back(), '\x0f');
+  ASSERT_EQ(stored.topics_size(), 2);
+  EXPECT_EQ(stored.topics(1), std::string(32, '\0'));
+  EXPECT_EQ(stored.data().size(), 72u);
+  // Roughly half the text's size.
+  EXPECT_LT(value.size(), row.SerializeAsString().size() * 55 / 100);
+  ExpectRoundTrip(row);
+}
+
+TEST(RowCodecTest, NonCanonicalTextIsKeptVerbatim) {
+  handoff::v1::EventRow row = CanonicalRow();
+  row.set_block_hash("0x" + std::string(64, 'A'));  // uppercase
+  row.set_address("7777");                          // no 0x
+  row.set_data("0xabc");                            // odd length
+  row.set_transaction_hash("");                     // empty
+  row.add_topics("0xZZ");                           // one bad topic: all kept as text
+  const std::string value = EncodeRow(row);
+  StoredRow stored;
+  ASSERT_TRUE(stored.ParseFromString(value.substr(1)));
+  EXPECT_EQ(stored.verbatim(), 1u | 2u | 4u | 8u | 16u);
+  ExpectRoundTrip(row);
+}
+
+TEST(RowCodecTest, EdgeRowsRoundTrip) {
+  ExpectRoundTrip(handoff::v1::EventRow());
+  handoff::v1::EventRow row;
+  row.set_data("0x");  // empty data, canonical
+  row.add_topics("0x");
+  row.add_topics("");
+  ExpectRoundTrip(row);
+  row.clear_topics();
+  row.add_topics("0x");
+  row.add_topics("0x");
+  ExpectRoundTrip(row);
+  row.set_block_number(~0ull);
+  row.set_log_index(~0ull);
+  row.set_transaction_index(1ull << 63);
+  ExpectRoundTrip(row);
+}
+
+TEST(RowCodecTest, RandomRowsRoundTrip) {
+  std::mt19937_64 rng(7);
+  const std::string alphabet = "0123456789abcdefABCDEFxg \x00\xff";
+  auto text = [&] {
+    std::string s = (rng() % 4 == 0) ? "" : "0x";
+    const size_t n = rng() % 70;
+    for (size_t i = 0; i < n; ++i) {
+      s.push_back(rng() % 8 == 0 ? alphabet[rng() % alphabet.size()]
+                                 : "0123456789abcdef"[rng() % 16]);
+    }
+    return s;
+  };
+  for (int i = 0; i < 3000; ++i) {
+    handoff::v1::EventRow row;
+    row.set_block_number(rng() >> (rng() % 64));
+    row.set_log_index(rng() % 1000);
+    row.set_block_hash(text());
+    row.set_address(text());
+    const int topics = static_cast<int>(rng() % 5);
+    for (int t = 0; t < topics; ++t) row.add_topics(text());
+    row.set_data(text());
+    row.set_transaction_hash(text());
+    row.set_transaction_index(rng() % 300);
+    ExpectRoundTrip(row);
+  }
+}
+
+TEST(RowCodecTest, ValuesInTheEarlierEventRowFormatStillDecode) {
+  const handoff::v1::EventRow row = CanonicalRow();
+  handoff::v1::EventRow back;
+  ASSERT_TRUE(DecodeRow(row.SerializeAsString(), &back).ok());
+  EXPECT_EQ(back.SerializeAsString(), row.SerializeAsString());
+  ASSERT_TRUE(DecodeRow("", &back).ok());  // an all-default EventRow
+  EXPECT_EQ(back.block_number(), 0u);
+}
+
+TEST(RowCodecTest, UnreadableValuesAreDataLoss) {
+  handoff::v1::EventRow back;
+  EXPECT_EQ(DecodeRow(std::string("\0\xff\xff\xff", 4), &back).code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodeRow("\x1a\x05" "ab", &back).code(), absl::StatusCode::kDataLoss);
+  // Truncated: a stored row cut short.
+  const std::string value = EncodeRow(CanonicalRow());
+  EXPECT_EQ(DecodeRow(value.substr(0, value.size() - 3), &back).code(),
+            absl::StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace handoff::store

@@ -10,6 +10,7 @@
 #include "consumer/fault_points.h"
 #include "consumer/page_validator.h"
 #include "consumer/receipt_ledger.h"
+#include "consumer/row_pool.h"
 #include "store/records.pb.h"
 #include "store/row_codec.h"
 
@@ -46,6 +47,8 @@ store::Mark ToMark(const BlockMarkValue& m) {
 }
 
 }  // namespace
+
+PageAttempt::~PageAttempt() { RowPool::Default().Give(std::move(page_.items)); }
 
 PageAttempt::PageAttempt(const AttemptConfig& config, store::CheckpointRecord checkpoint,
                          Page page)

@@ -97,6 +97,8 @@ class PageAttempt {
   // `page` was fetched with checkpoint.resume_cursor (ingest), or built from the
   // outbox (delivery).
   PageAttempt(const AttemptConfig& config, store::CheckpointRecord checkpoint, Page page);
+  // Gives the page's rows to RowPool::Default() for the parsing of later pages.
+  ~PageAttempt();
 
   // Runs the procedure until the barrier passes or something stops it. Resumable after
   // kBlockedOnHold / kRetryLater (it rereads the blocked events' durable state first).
@@ -150,7 +152,7 @@ class PageAttempt {
   const AttemptConfig config_;
   const std::string request_cursor_;
   const uint64_t request_version_;
-  const Page page_;
+  Page page_;  // never modified, until the destructor recycles its rows
 
   store::CheckpointRecord checkpoint_;
   bool validated_ = false;

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "consumer/row_pool.h"
 
 namespace handoff::consumer {
 namespace {
@@ -403,13 +404,18 @@ absl::Status ReadPage(dom::element doc, Page* page) {
       if (f.value.get_array().get(items) != simdjson::SUCCESS) {
         s = FieldError(Path{"items"}, "expected array of logs");
       } else {
-        int64_t i = 0;
-        page->items.reserve(items.size());
+        // Rows of finished pages, cleared: filling them reuses their strings' memory.
+        std::vector<handoff::v1::EventRow> rows = RowPool::Default().Take();
+        rows.reserve(items.size());
+        size_t used = 0;
         for (dom::element item : items) {
-          s = ReadItem(item, i, &page->items.emplace_back());
+          if (used == rows.size()) rows.emplace_back();
+          s = ReadItem(item, static_cast<int64_t>(used), &rows[used]);
+          ++used;
           if (!s.ok()) break;
-          ++i;
         }
+        rows.resize(used);
+        page->items = std::move(rows);
       }
     } else {
       continue;

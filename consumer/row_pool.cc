@@ -5,7 +5,7 @@
 namespace handoff::consumer {
 
 RowPool& RowPool::Default() {
-  static RowPool* pool = new RowPool(8);
+  static RowPool* pool = new RowPool(32);
   return *pool;
 }
 

@@ -290,7 +290,8 @@ absl::Status WriteReport(const Results& res, const std::string& out_dir) {
         "sources + %.2f KB x sources x page items**. It does not grow with the number of "
         "events ingested: a worker holds one page being committed (polling) or up to "
         "`sse_buffered_pages` (2) more (SSE) plus the prefetched next page (polling), each "
-        "with its serialized rows; at most 4 finished pages wait for the deleter thread "
+        "with its encoded rows; at most 4 finished pages wait for the deleter thread and "
+        "the RowPool keeps at most 32 pages of cleared rows "
         "(process-wide); RocksDB's memtables are bounded (write_buffer_size x "
         "max_write_buffer_number per column family) and its block cache is fixed.\n\n",
         fit.a, fit.b, fit.c * 1024));
@@ -345,7 +346,10 @@ absl::Status WriteReport(const Results& res, const std::string& out_dir) {
         "machine's floor), then while it ingests at full speed.\n"
         "- Idle: getrusage(utime+stime) of the Handoff process over the window, after "
         "every source caught up; polling: after its idle backoff reached the cap (3 windows), "
-        "polls counted at the provider interface; SSE: the window spans a whole 30 s "
+        "polls counted at the provider interface, and the simulator closes a connection "
+        "idle for 1 s (every idle poll opens a new one; kept alive, cpp-httplib's wait "
+        "for the next request polls each connection every ~10 ms, which with 1000 "
+        "connections saturated this machine); SSE: the window spans a whole 30 s "
         "heartbeat period.\n";
   if (!res.history.empty()) {
     md += "\n## History\n\n";

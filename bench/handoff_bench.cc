@@ -367,6 +367,9 @@ int RunAll() {
     a.window_s = z.admin_window;
     a.events = RoundToBlocks(z.admin_events);
     res.raw["admin"] = run.WithSim(a, a.events, 16);
+    // The same with handoffd --worker_sched_idle (the workers under SCHED_IDLE).
+    a.mode = "sched_idle";
+    res.raw["admin_sched_idle"] = run.WithSim(a, a.events, 16);
   }
   if (wanted(7)) {
     ProbeArgs a;

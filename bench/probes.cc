@@ -738,6 +738,7 @@ json Admin(const ProbeArgs& a) {
                                     "--data_dir=" + a.dir + "/handoffd",
                                     "--insecure_disable_auth",
                                     "--log_level=error"};
+  if (a.mode == "sched_idle") args.push_back("--worker_sched_idle");
   std::vector<char*> argv;
   for (std::string& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);

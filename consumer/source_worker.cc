@@ -98,13 +98,18 @@ void SourceWorker::Start() {
     running_threads_ = gated_ ? 2 : 1;
   }
   SetState(handoff::v1::SOURCE_STATE_STARTING, "");
-  ingest_thread_ = std::thread([this] {
-    LowerCurrentThreadPriority(options_.thread_nice).IgnoreError();  // best effort
+  // Best effort: a thread that cannot change its priority still works.
+  auto lower_priority = [this] {
+    LowerCurrentThreadPriority(options_.thread_nice).IgnoreError();
+    if (options_.thread_sched_idle) UseIdleSchedulingForCurrentThread().IgnoreError();
+  };
+  ingest_thread_ = std::thread([this, lower_priority] {
+    lower_priority();
     IngestLoop();
   });
   if (gated_) {
-    delivery_thread_ = std::thread([this] {
-      LowerCurrentThreadPriority(options_.thread_nice).IgnoreError();
+    delivery_thread_ = std::thread([this, lower_priority] {
+      lower_priority();
       DeliveryLoop();
     });
   }

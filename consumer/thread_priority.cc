@@ -1,5 +1,6 @@
 #include "consumer/thread_priority.h"
 
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -36,5 +37,18 @@ absl::Status LowerCurrentThreadPriority(int increment) {
   }
   return absl::OkStatus();
 }
+
+absl::Status UseIdleSchedulingForCurrentThread() {
+  sched_param param{};
+  param.sched_priority = 0;
+  // pid 0: the calling thread (Linux schedules threads, not processes).
+  if (sched_setscheduler(0, SCHED_IDLE, &param) != 0) {
+    return absl::InternalError(absl::StrCat("sched_setscheduler(SCHED_IDLE): ",
+                                            std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+bool CurrentThreadIsIdleScheduled() { return sched_getscheduler(0) == SCHED_IDLE; }
 
 }  // namespace handoff::consumer

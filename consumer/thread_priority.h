@@ -23,6 +23,17 @@ absl::Status LowerCurrentThreadPriority(int increment);
 // The calling thread's nice value.
 int CurrentThreadNice();
 
+// Moves the calling thread to the SCHED_IDLE policy: it runs only when no normal thread
+// of its CPU group wants the core, and a normal thread that wakes up (an admin RPC, a
+// health check, a RocksDB flush) preempts it at once, where a nice value only shifts
+// shares and the woken thread may wait for the running thread's slice to end. Threads
+// it starts inherit the policy. Needs no privilege. The price: while normal threads
+// keep the cores busy (an admin flood), the data plane gets almost nothing.
+absl::Status UseIdleSchedulingForCurrentThread();
+
+// Whether the calling thread runs under SCHED_IDLE.
+bool CurrentThreadIsIdleScheduled();
+
 }  // namespace handoff::consumer
 
 #endif  // HANDOFF_CONSUMER_THREAD_PRIORITY_H_

@@ -22,6 +22,20 @@ TEST(ThreadPriorityTest, LowersOnlyTheCallingThreadAndItsNewThreads) {
   EXPECT_EQ(CurrentThreadNice(), before);  // this thread is untouched
 }
 
+TEST(ThreadPriorityTest, IdleSchedulingIsPerThreadAndInherited) {
+  bool worker = false, child = false;
+  std::thread t([&] {
+    ASSERT_TRUE(UseIdleSchedulingForCurrentThread().ok());
+    worker = CurrentThreadIsIdleScheduled();
+    std::thread c([&] { child = CurrentThreadIsIdleScheduled(); });
+    c.join();
+  });
+  t.join();
+  EXPECT_TRUE(worker);
+  EXPECT_TRUE(child);
+  EXPECT_FALSE(CurrentThreadIsIdleScheduled());
+}
+
 TEST(ThreadPriorityTest, RejectsIncrementsOutsideTheNiceRange) {
   EXPECT_EQ(LowerCurrentThreadPriority(-1).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(LowerCurrentThreadPriority(20).code(), absl::StatusCode::kInvalidArgument);

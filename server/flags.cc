@@ -39,6 +39,10 @@ ABSL_FLAG(int, worker_nice, handoff::consumer::WorkerOptions().thread_nice,
           "Nice increment (0..19) of the source workers' threads, so that admin RPCs and "
           "health checks answer promptly while ingest uses every core; 0 keeps them at "
           "the process's priority.");
+ABSL_FLAG(bool, worker_sched_idle, false,
+          "Also run the source workers' threads under SCHED_IDLE: a woken admin or health "
+          "thread preempts them at once (lower admin tail latency under full ingest), but "
+          "a control plane that keeps the cores busy starves ingest.");
 ABSL_FLAG(absl::Duration, idle_poll_max, handoff::consumer::WorkerOptions().idle_backoff.max,
           "Longest wait between two polls of a caught-up polling source (each wait is "
           "uniform in [half, all] of the growing ceiling). Longer costs less CPU per idle "
@@ -72,6 +76,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--worker_nice=", nice, " is outside 0..19"));
   }
   options.worker.thread_nice = nice;
+  options.worker.thread_sched_idle = absl::GetFlag(FLAGS_worker_sched_idle);
   const absl::Duration idle_poll_max = absl::GetFlag(FLAGS_idle_poll_max);
   if (idle_poll_max < absl::Seconds(1) || idle_poll_max > absl::Minutes(10)) {
     return absl::InvalidArgumentError(

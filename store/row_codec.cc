@@ -15,7 +15,7 @@ namespace {
 // with it: its first byte is a tag, and field number 0 does not exist).
 constexpr char kStoredRowFormat = '\0';
 
-// StoredRow's field numbers and `verbatim` bits (store/records.proto).
+// StoredRow's field numbers (store/records.proto).
 enum Field : uint32_t {
   kBlockNumber = 1,
   kLogIndex = 2,
@@ -27,13 +27,9 @@ enum Field : uint32_t {
   kTransactionIndex = 8,
   kVerbatim = 9,
 };
-enum VerbatimBit : uint32_t {
-  kBlockHashText = 1,
-  kAddressText = 2,
-  kTopicsText = 4,
-  kDataText = 8,
-  kTransactionHashText = 16,
-};
+// The `verbatim` bit of a hex field: 1 block_hash, 2 address, 4 topics, 8 data,
+// 16 transaction_hash (the hex fields are numbered 3 to 7).
+constexpr uint32_t TextBit(Field hex_field) { return 1u << (hex_field - kBlockHash); }
 constexpr uint32_t kVarint = 0;
 constexpr uint32_t kLengthDelimited = 2;
 
@@ -143,10 +139,10 @@ bool AppendHexAsBytes(uint32_t field, absl::string_view text, bool omit_empty,
 }
 
 // One singular hex field; stored as its text, and flagged, when not canonical.
-void AppendHexField(uint32_t field, uint32_t text_bit, absl::string_view text,
-                    uint32_t* verbatim, std::string* out) {
+void AppendHexField(Field field, absl::string_view text, uint32_t* verbatim,
+                    std::string* out) {
   if (AppendHexAsBytes(field, text, /*omit_empty=*/true, out)) return;
-  *verbatim |= text_bit;
+  *verbatim |= TextBit(field);
   if (!text.empty()) AppendBytes(field, text, out);
 }
 
@@ -173,22 +169,21 @@ void AppendEncodedRow(const handoff::v1::EventRow& row, std::string* out) {
   uint32_t verbatim = 0;
   AppendUint(kBlockNumber, row.block_number(), out);
   AppendUint(kLogIndex, row.log_index(), out);
-  AppendHexField(kBlockHash, kBlockHashText, row.block_hash(), &verbatim, out);
-  AppendHexField(kAddress, kAddressText, row.address(), &verbatim, out);
+  AppendHexField(kBlockHash, row.block_hash(), &verbatim, out);
+  AppendHexField(kAddress, row.address(), &verbatim, out);
   // Topics are all stored as bytes, or all as text. Repeated: every entry is written,
   // empty or not, so that the count survives.
   const size_t topics_at = out->size();
   for (const std::string& t : row.topics()) {
     if (!AppendHexAsBytes(kTopics, t, /*omit_empty=*/false, out)) {
       out->resize(topics_at);
-      verbatim |= kTopicsText;
+      verbatim |= TextBit(kTopics);
       for (const std::string& text : row.topics()) AppendBytes(kTopics, text, out);
       break;
     }
   }
-  AppendHexField(kData, kDataText, row.data(), &verbatim, out);
-  AppendHexField(kTransactionHash, kTransactionHashText, row.transaction_hash(), &verbatim,
-                 out);
+  AppendHexField(kData, row.data(), &verbatim, out);
+  AppendHexField(kTransactionHash, row.transaction_hash(), &verbatim, out);
   AppendUint(kTransactionIndex, row.transaction_index(), out);
   AppendUint(kVerbatim, verbatim, out);
 }
@@ -215,13 +210,13 @@ absl::Status DecodeRow(absl::string_view value, handoff::v1::EventRow* row) {
   const uint32_t verbatim = stored.verbatim();
   row->set_block_number(stored.block_number());
   row->set_log_index(stored.log_index());
-  DecodeHexField(stored.block_hash(), verbatim & kBlockHashText, row->mutable_block_hash());
-  DecodeHexField(stored.address(), verbatim & kAddressText, row->mutable_address());
+  DecodeHexField(stored.block_hash(), verbatim & TextBit(kBlockHash), row->mutable_block_hash());
+  DecodeHexField(stored.address(), verbatim & TextBit(kAddress), row->mutable_address());
   for (const std::string& t : stored.topics()) {
-    DecodeHexField(t, verbatim & kTopicsText, row->add_topics());
+    DecodeHexField(t, verbatim & TextBit(kTopics), row->add_topics());
   }
-  DecodeHexField(stored.data(), verbatim & kDataText, row->mutable_data());
-  DecodeHexField(stored.transaction_hash(), verbatim & kTransactionHashText,
+  DecodeHexField(stored.data(), verbatim & TextBit(kData), row->mutable_data());
+  DecodeHexField(stored.transaction_hash(), verbatim & TextBit(kTransactionHash),
                  row->mutable_transaction_hash());
   row->set_transaction_index(stored.transaction_index());
   return absl::OkStatus();

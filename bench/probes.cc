@@ -673,9 +673,14 @@ json Recovery(const ProbeArgs& a) {
     return Error(absl::StrCat("no commit after recovery; ", obs.error()));
   }
   const absl::Time t_commit = obs.first_commit();
+  // RocksDB may compact (delete SSTs) while we list them: a file gone since it was
+  // listed counts 0, never an exception.
   uint64_t sst_bytes = 0;
-  for (const auto& e : fs::directory_iterator(db_path)) {
-    if (e.path().extension() == ".sst") sst_bytes += e.file_size();
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(db_path, ec)) {
+    if (e.path().extension() != ".sst") continue;
+    const uintmax_t size = fs::file_size(e.path(), ec);
+    if (!ec) sst_bytes += size;
   }
   return json{{"sources", a.sources},
               {"receipts", a.rows * a.sources},

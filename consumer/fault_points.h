@@ -14,8 +14,10 @@
 // ingest.before_event_commit, ingest.after_event_commit, ingest.before_quarantine_commit,
 // ingest.after_quarantine_commit, ingest.after_deliver, ingest.before_barrier,
 // ingest.after_barrier, delivery.after_deliver, delivery.before_commit,
-// delivery.after_commit. One interleaving point, whose answer is ignored:
-// ledger.between_scans (ReceiptLedger::Load, between its outcome and hold scans).
+// delivery.after_commit. Interleaving points, whose answer is ignored:
+// ledger.between_scans (ReceiptLedger::Load, between its outcome and hold scans);
+// delivery.early_answers_used and delivery.early_answers_dropped (PageAttempt, the
+// answers of a call sent ahead: see EarlyDelivery).
 //
 // Thread-safe.
 #ifndef HANDOFF_CONSUMER_FAULT_POINTS_H_

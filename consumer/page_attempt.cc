@@ -209,11 +209,13 @@ std::optional<Position> PageAttempt::AppliedAfter(const std::vector<size_t>& new
   return end;
 }
 
+handoff::v1::Finality GatedFinality(handoff::v1::DeliveryGate gate) {
+  return gate == handoff::v1::DELIVERY_GATE_SAFE ? handoff::v1::FINALITY_SAFE
+                                                 : handoff::v1::FINALITY_FINALIZED;
+}
+
 handoff::v1::Finality PageAttempt::FinalityOf(const handoff::v1::EventRow& row) const {
-  if (config_.stage == store::Stage::kDelivery) {
-    return config_.gate == handoff::v1::DELIVERY_GATE_SAFE ? handoff::v1::FINALITY_SAFE
-                                                           : handoff::v1::FINALITY_FINALIZED;
-  }
+  if (config_.stage == store::Stage::kDelivery) return GatedFinality(config_.gate);
   uint64_t finalized = checkpoint_.highest_finalized().present()
                            ? checkpoint_.highest_finalized().number()
                            : 0;
@@ -487,14 +489,27 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
     std::vector<SinkAnswer> answers;
     for (size_t sent = 0; sent < batch.size();) {
       const size_t count = std::min(max_batch, batch.size() - sent);
-      std::vector<Delivery> deliveries(count);
-      for (size_t k = 0; k < count; ++k) {
-        const handoff::v1::EventRow& row = page_.items[batch[sent + k]];
-        deliveries[k].idempotency_key = IdempotencyKey(config_.source_id, row);
-        deliveries[k].row = &row;
-        deliveries[k].finality = FinalityOf(row);
+      std::vector<SinkAnswer> part;
+      if (config_.early != nullptr && config_.early->answers.valid()) {
+        // The first call: answered already if it carries exactly the events sent early.
+        std::vector<SinkAnswer> early = config_.early->answers.get();
+        bool same = sent == 0 && config_.early->positions.size() == count;
+        for (size_t k = 0; same && k < count; ++k) {
+          same = config_.early->positions[k] == slots_[batch[k]].pos;
+        }
+        if (same) part = std::move(early);
+        FaultPoints::Hit(same ? "delivery.early_answers_used" : "delivery.early_answers_dropped");
       }
-      std::vector<SinkAnswer> part = config_.sink->Deliver(config_.source_id, deliveries);
+      if (part.empty()) {
+        std::vector<Delivery> deliveries(count);
+        for (size_t k = 0; k < count; ++k) {
+          const handoff::v1::EventRow& row = page_.items[batch[sent + k]];
+          deliveries[k].idempotency_key = IdempotencyKey(config_.source_id, row);
+          deliveries[k].row = &row;
+          deliveries[k].finality = FinalityOf(row);
+        }
+        part = config_.sink->Deliver(config_.source_id, deliveries);
+      }
       part.resize(count);  // a missing answer is a transport error
       if (FaultPoints::Hit(PointName(config_.stage, "after_deliver"))) {
         return Make(Kind::kCrashed, "after_deliver");
@@ -581,6 +596,7 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
           }
           return true;
         }();
+    if (all_terminal_after && config_.on_final_commit) config_.on_final_commit();
     std::optional<Result> r =
         CommitSlots(step.get(), newly, deltas, config_.fuse_barrier && all_terminal_after,
                     "before_event_commit", "after_event_commit");

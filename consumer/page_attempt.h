@@ -33,6 +33,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <future>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,6 +51,18 @@
 #include "store/store.h"
 
 namespace handoff::consumer {
+
+// A sink call sent ahead of the attempt that will record its answers: the delivery
+// stage's lookahead (SourceWorker::DeliveryLoop sends the next run's first call while
+// the current run's final step commits). The answers count only for an attempt whose
+// first call carries exactly these events; otherwise they are dropped unrecorded and the
+// events are delivered again later under the same idempotency keys, as after a crash.
+struct EarlyDelivery {
+  std::vector<Position> positions;
+  std::vector<handoff::v1::EventRow> rows;  // what `deliveries` point into
+  std::vector<Delivery> deliveries;
+  std::future<std::vector<SinkAnswer>> answers;  // waits for the call when destroyed
+};
 
 struct AttemptConfig {
   std::string source_id;
@@ -71,7 +85,16 @@ struct AttemptConfig {
   EngineObserver* observer = nullptr;
   // Set by the worker to stop at the next safe point.
   const std::atomic<bool>* cancelled = nullptr;
+  // With a sink: answers already in flight for the attempt's first call; may be null.
+  EarlyDelivery* early = nullptr;
+  // With a sink: called on the attempt's thread once every event of the attempt has a
+  // clean answer and only the final step's commit remains (so that the worker can send
+  // the next call during it); may be empty.
+  std::function<void()> on_final_commit;
 };
+
+// The finality a gated delivery reports (every delivered event passed the gate).
+handoff::v1::Finality GatedFinality(handoff::v1::DeliveryGate gate);
 
 class PageAttempt {
  public:

@@ -447,7 +447,43 @@ void SourceWorker::IngestLoop() {
   ThreadDone();
 }
 
+std::unique_ptr<EarlyDelivery> SourceWorker::SendEarly(Position after, Position to) {
+  if (after == Position{std::numeric_limits<uint64_t>::max(),
+                        std::numeric_limits<uint64_t>::max()}) {
+    return nullptr;
+  }
+  const Position from = Successor(after);
+  if (to < from) return nullptr;
+  auto early = std::make_unique<EarlyDelivery>();
+  // The next attempt's first call: at most one sink batch, and no more than a run.
+  const size_t count = static_cast<size_t>(
+      std::max(1, std::min(parts_.sink->max_batch(), options_.delivery_run)));
+  absl::Status parse_error;
+  absl::Status s = parts_.store->ScanOutbox(
+      spec_.id(), from, to, [&](Position pos, absl::string_view value) {
+        parse_error = store::DecodeRow(value, &early->rows.emplace_back());
+        early->positions.push_back(pos);
+        return parse_error.ok() && early->rows.size() < count;
+      });
+  // A failed read sends nothing: the next attempt reads the outbox itself and reports it.
+  if (!s.ok() || !parse_error.ok() || early->rows.empty()) return nullptr;
+  early->deliveries.resize(early->rows.size());
+  for (size_t k = 0; k < early->rows.size(); ++k) {
+    early->deliveries[k].idempotency_key = IdempotencyKey(spec_.id(), early->rows[k]);
+    early->deliveries[k].row = &early->rows[k];
+    early->deliveries[k].finality = GatedFinality(spec_.sink().gate());
+  }
+  EarlyDelivery* e = early.get();
+  early->answers = std::async(std::launch::async, [this, e] {
+    return parts_.sink->Deliver(spec_.id(), e->deliveries);
+  });
+  return early;
+}
+
 void SourceWorker::DeliveryLoop() {
+  // The lookahead: the first call of the next run, sent while this run's final step
+  // commits (EarlyDelivery). Outlives the attempt that sent it, for the next one.
+  std::unique_ptr<EarlyDelivery> early;
   while (!stopping()) {
     absl::StatusOr<store::CheckpointRecord> dcp =
         parts_.store->LoadCheckpoint(spec_.id(), store::Stage::kDelivery);
@@ -500,10 +536,17 @@ void SourceWorker::DeliveryLoop() {
       if (WaitUntil(absl::Now() + options_.delivery_idle_recheck, poked) == Wake::kStopped) break;
       continue;
     }
-    auto attempt = std::make_unique<PageAttempt>(MakeConfig(store::Stage::kDelivery),
-                                                 *std::move(dcp), std::move(run));
+    AttemptConfig config = MakeConfig(store::Stage::kDelivery);
+    std::unique_ptr<EarlyDelivery> next;
+    config.early = early.get();
+    const Position last = PositionOf(run.items.back());
+    const Position to{mark.number(), std::numeric_limits<uint64_t>::max()};
+    config.on_final_commit = [this, &next, last, to] { next = SendEarly(last, to); };
+    auto attempt =
+        std::make_unique<PageAttempt>(config, *std::move(dcp), std::move(run));
     const bool go_on = DriveAttempt(attempt.get(), store::Stage::kDelivery);
     Release(std::move(attempt));
+    early = std::move(next);  // the previous one was answered or is waited for here
     if (!go_on) break;
   }
   ThreadDone();

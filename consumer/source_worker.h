@@ -130,6 +130,9 @@ class SourceWorker {
 
   void IngestLoop();
   void DeliveryLoop();
+  // Sends the first call of the run after `after` (outbox entries up to `to`) on a
+  // helper thread: the lookahead of DeliveryLoop. Null when there is nothing to send.
+  std::unique_ptr<EarlyDelivery> SendEarly(Position after, Position to);
   // Runs one attempt to its end. Returns false when the loop must exit.
   bool DriveAttempt(PageAttempt* attempt, store::Stage stage);
   Wake WaitUntil(absl::Time deadline, bool* poked_flag) ABSL_LOCKS_EXCLUDED(mu_);

@@ -111,7 +111,7 @@ bool DecodeLowerHex(const char* in, size_t n_chars, char* out) {
     const int hi = kDigits.value[static_cast<uint8_t>(in[i])];
     const int lo = kDigits.value[static_cast<uint8_t>(in[i + 1])];
     bad |= hi | lo;  // negative if either is not a digit
-    out[i / 2] = static_cast<char>((hi << 4) | (lo & 15));
+    out[i / 2] = static_cast<char>(((hi & 15) << 4) | (lo & 15));
   }
   return bad >= 0;
 }

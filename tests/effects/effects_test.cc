@@ -58,6 +58,10 @@ class Rig {
     mo.worker.fetch_backoff.max = absl::Milliseconds(20);
     mo.worker.idle_backoff = mo.worker.fetch_backoff;
     mo.worker.delivery_idle_recheck = absl::Milliseconds(50);
+    // Runs of 3 outbox entries: every chain takes several delivery attempts, so the
+    // lookahead (the next run's first call sent during this run's commit) is exercised,
+    // including by the crash at every delivery step.
+    mo.worker.delivery_run = 3;
     mo.factories.provider = [this](const handoff::v1::SourceSpec& spec)
         -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
       return std::unique_ptr<consumer::Provider>(new consumer::testing::ForwardingProvider(&providers_[spec.id()]));
@@ -198,6 +202,7 @@ bool DeliveredThrough(const handoff::v1::Progress& p, uint64_t block, uint64_t i
 }
 
 TEST(Effects, FinalizedGateNeverDeliversReorgedEvents) {
+  FaultPoints::CountHits(true);
   Rig rig(consumer::testing::TestDir("finalized"));
   LoadReorgingChain(rig.provider("fin"));
   rig.Create(rig.Spec("fin", handoff::v1::DELIVERY_GATE_FINALIZED));
@@ -209,6 +214,10 @@ TEST(Effects, FinalizedGateNeverDeliversReorgedEvents) {
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(p->highest_finalized().number(), 111u);
   EXPECT_EQ(p->counters().corrections(), 1u);
+  // The lookahead ran: later runs' first calls were answered during the previous run's
+  // commit, and still every key was delivered once (above).
+  EXPECT_GT(FaultPoints::Hits("delivery.early_answers_used"), 0);
+  FaultPoints::CountHits(false);
 }
 
 TEST(Effects, CrashAtEveryDeliveryStepDeliversEachKeyOnce) {

@@ -66,8 +66,8 @@ struct WorkerOptions {
   // the data plane yields to admin RPCs and health checks (thread_priority.h).
   int thread_nice = 5;
   // Also run them under SCHED_IDLE (UseIdleSchedulingForCurrentThread): measured admin
-  // p99 under full ingest 1.85-2.38 ms instead of 2.5-3.0 ms, at the risk described
-  // there. Off by default.
+  // p99 under full ingest 1.58-2.52 ms over 8 runs instead of 2.7-3.0 ms, at the risk
+  // described there. Off by default.
   bool thread_sched_idle = false;
   // The dispatcher re-checks the gate at least this often without a poke.
   absl::Duration delivery_idle_recheck = absl::Seconds(5);

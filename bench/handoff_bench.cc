@@ -167,7 +167,7 @@ class Runner {
 
   // Runs `a` against a fresh simulator whose chain holds `events_per_source` events.
   json WithSim(ProbeArgs a, int64_t events_per_source, int threads,
-               absl::Duration keep_alive = absl::Seconds(60)) {
+               absl::Duration keep_alive = sim::ProviderSimOptions().keep_alive_timeout) {
     sim::ProviderSimOptions o;
     o.keep_alive_timeout = keep_alive;
     o.chain.logs_per_block = kLogsPerBlock;

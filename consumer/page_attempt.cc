@@ -493,20 +493,19 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
       if (config_.early != nullptr && config_.early->answers.valid()) {
         // The first call: answered already if it carries exactly the events sent early.
         std::vector<SinkAnswer> early = config_.early->answers.get();
-        bool same = sent == 0 && config_.early->positions.size() == count;
+        bool same = sent == 0 && config_.early->rows.size() == count;
         for (size_t k = 0; same && k < count; ++k) {
-          same = config_.early->positions[k] == slots_[batch[k]].pos;
+          same = PositionOf(config_.early->rows[k]) == slots_[batch[k]].pos;
         }
         if (same) part = std::move(early);
         FaultPoints::Hit(same ? "delivery.early_answers_used" : "delivery.early_answers_dropped");
       }
       if (part.empty()) {
-        std::vector<Delivery> deliveries(count);
+        std::vector<Delivery> deliveries;
+        deliveries.reserve(count);
         for (size_t k = 0; k < count; ++k) {
           const handoff::v1::EventRow& row = page_.items[batch[sent + k]];
-          deliveries[k].idempotency_key = IdempotencyKey(config_.source_id, row);
-          deliveries[k].row = &row;
-          deliveries[k].finality = FinalityOf(row);
+          deliveries.push_back(MakeDelivery(config_.source_id, row, FinalityOf(row)));
         }
         part = config_.sink->Deliver(config_.source_id, deliveries);
       }

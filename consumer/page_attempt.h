@@ -58,8 +58,7 @@ namespace handoff::consumer {
 // first call carries exactly these events; otherwise they are dropped unrecorded and the
 // events are delivered again later under the same idempotency keys, as after a crash.
 struct EarlyDelivery {
-  std::vector<Position> positions;
-  std::vector<handoff::v1::EventRow> rows;  // what `deliveries` point into
+  std::vector<handoff::v1::EventRow> rows;  // in outbox order; `deliveries` point into it
   std::vector<Delivery> deliveries;
   std::future<std::vector<SinkAnswer>> answers;  // waits for the call when destroyed
 };

@@ -8,4 +8,13 @@ std::string IdempotencyKey(absl::string_view source_id, const handoff::v1::Event
   return absl::StrCat(source_id, "/", row.block_hash(), "/", row.log_index());
 }
 
+Delivery MakeDelivery(absl::string_view source_id, const handoff::v1::EventRow& row,
+                      handoff::v1::Finality finality) {
+  Delivery d;
+  d.idempotency_key = IdempotencyKey(source_id, row);
+  d.row = &row;
+  d.finality = finality;
+  return d;
+}
+
 }  // namespace handoff::consumer

@@ -76,6 +76,10 @@ class ExternalSink {
 // and different for a reorged event at the same position.
 std::string IdempotencyKey(absl::string_view source_id, const handoff::v1::EventRow& row);
 
+// The delivery of `row` (which must outlive it) under its idempotency key.
+Delivery MakeDelivery(absl::string_view source_id, const handoff::v1::EventRow& row,
+                      handoff::v1::Finality finality);
+
 }  // namespace handoff::consumer
 
 #endif  // HANDOFF_CONSUMER_SINK_H_

@@ -447,6 +447,24 @@ void SourceWorker::IngestLoop() {
   ThreadDone();
 }
 
+absl::Status SourceWorker::ReadOutbox(Position from, Position to, size_t limit,
+                                      std::vector<handoff::v1::EventRow>* rows) const {
+  if (to < from || limit == 0) return absl::OkStatus();
+  const size_t start = rows->size();
+  absl::Status parse_error;
+  absl::Status s = parts_.store->ScanOutbox(
+      spec_.id(), from, to, [&](Position pos, absl::string_view value) {
+        absl::Status d = store::DecodeRow(value, &rows->emplace_back());
+        if (!d.ok()) {
+          parse_error = absl::DataLossError(
+              absl::StrCat("outbox entry at ", pos.DebugString(), ": ", d.message()));
+          return false;
+        }
+        return rows->size() - start < limit;
+      });
+  return s.ok() ? parse_error : s;
+}
+
 std::unique_ptr<EarlyDelivery> SourceWorker::SendEarly(Position after, Position to) {
   if (after == Position{std::numeric_limits<uint64_t>::max(),
                         std::numeric_limits<uint64_t>::max()}) {
@@ -458,20 +476,11 @@ std::unique_ptr<EarlyDelivery> SourceWorker::SendEarly(Position after, Position 
   // The next attempt's first call: at most one sink batch, and no more than a run.
   const size_t count = static_cast<size_t>(
       std::max(1, std::min(parts_.sink->max_batch(), options_.delivery_run)));
-  absl::Status parse_error;
-  absl::Status s = parts_.store->ScanOutbox(
-      spec_.id(), from, to, [&](Position pos, absl::string_view value) {
-        parse_error = store::DecodeRow(value, &early->rows.emplace_back());
-        early->positions.push_back(pos);
-        return parse_error.ok() && early->rows.size() < count;
-      });
   // A failed read sends nothing: the next attempt reads the outbox itself and reports it.
-  if (!s.ok() || !parse_error.ok() || early->rows.empty()) return nullptr;
-  early->deliveries.resize(early->rows.size());
-  for (size_t k = 0; k < early->rows.size(); ++k) {
-    early->deliveries[k].idempotency_key = IdempotencyKey(spec_.id(), early->rows[k]);
-    early->deliveries[k].row = &early->rows[k];
-    early->deliveries[k].finality = GatedFinality(spec_.sink().gate());
+  if (!ReadOutbox(from, to, count, &early->rows).ok() || early->rows.empty()) return nullptr;
+  early->deliveries.reserve(early->rows.size());
+  for (const handoff::v1::EventRow& row : early->rows) {
+    early->deliveries.push_back(MakeDelivery(spec_.id(), row, GatedFinality(spec_.sink().gate())));
   }
   EarlyDelivery* e = early.get();
   early->answers = std::async(std::launch::async, [this, e] {
@@ -499,32 +508,20 @@ void SourceWorker::DeliveryLoop() {
     const store::Mark& mark = spec_.sink().gate() == handoff::v1::DELIVERY_GATE_SAFE
                                   ? icp->highest_safe()
                                   : icp->highest_finalized();
+    // Deliverable: every outbox entry up to the gate's mark (when there is one).
+    const Position to{mark.number(), std::numeric_limits<uint64_t>::max()};
     Page run;
     if (mark.present()) {
-      Position from = dcp->has_applied()
-                          ? Successor(Position{dcp->applied_block(), dcp->applied_log_index()})
-                          : Position{0, 0};
-      Position to{mark.number(), std::numeric_limits<uint64_t>::max()};
-      absl::Status parse_error;
-      if (from <= to) {
-        absl::Status s = parts_.store->ScanOutbox(
-            spec_.id(), from, to, [&](Position pos, absl::string_view value) {
-              handoff::v1::EventRow row;
-              absl::Status s = store::DecodeRow(value, &row);
-              if (!s.ok()) {
-                parse_error = absl::DataLossError(absl::StrCat(
-                    "outbox entry at ", pos.DebugString(), ": ", s.message()));
-                return false;
-              }
-              run.items.push_back(std::move(row));
-              return static_cast<int>(run.items.size()) < options_.delivery_run;
-            });
-        if (s.ok()) s = parse_error;
-        if (!s.ok()) {
-          Halt(handoff::v1::SOURCE_STATE_STORAGE_FAILED,
-               absl::StrCat("cannot read the outbox: ", s.message()), s);
-          break;
-        }
+      const Position from =
+          dcp->has_applied()
+              ? Successor(Position{dcp->applied_block(), dcp->applied_log_index()})
+              : Position{0, 0};
+      absl::Status s = ReadOutbox(
+          from, to, static_cast<size_t>(std::max(1, options_.delivery_run)), &run.items);
+      if (!s.ok()) {
+        Halt(handoff::v1::SOURCE_STATE_STORAGE_FAILED,
+             absl::StrCat("cannot read the outbox: ", s.message()), s);
+        break;
       }
     }
     if (run.items.empty()) {
@@ -540,7 +537,6 @@ void SourceWorker::DeliveryLoop() {
     std::unique_ptr<EarlyDelivery> next;
     config.early = early.get();
     const Position last = PositionOf(run.items.back());
-    const Position to{mark.number(), std::numeric_limits<uint64_t>::max()};
     config.on_final_commit = [this, &next, last, to] { next = SendEarly(last, to); };
     auto attempt =
         std::make_unique<PageAttempt>(config, *std::move(dcp), std::move(run));

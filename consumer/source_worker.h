@@ -130,6 +130,10 @@ class SourceWorker {
 
   void IngestLoop();
   void DeliveryLoop();
+  // Appends to *rows, decoded and in order, the outbox entries in [from, to], at most
+  // `limit` of them. kDataLoss for an unreadable entry.
+  absl::Status ReadOutbox(Position from, Position to, size_t limit,
+                          std::vector<handoff::v1::EventRow>* rows) const;
   // Sends the first call of the run after `after` (outbox entries up to `to`) on a
   // helper thread: the lookahead of DeliveryLoop. Null when there is nothing to send.
   std::unique_ptr<EarlyDelivery> SendEarly(Position after, Position to);

@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "consumer/observer.h"
 #include "consumer/provider/http_provider.h"
+#include "server/factories.h"
 #include "consumer/sinks/grpc_event_sink.h"
 #include "consumer/source_manager.h"
 #include "grpcpp/grpcpp.h"
@@ -169,16 +170,14 @@ class CountingProvider final : public consumer::Provider {
 };
 
 consumer::Factories BenchFactories() {
-  consumer::Factories f;
-  f.provider = [](const handoff::v1::SourceSpec& spec)
+  // handoffd's own factories (one session pool shared by every source's polls), with
+  // fetches counted.
+  consumer::Factories f = server::ProductionFactories();
+  f.provider = [inner = std::move(f.provider)](const handoff::v1::SourceSpec& spec)
       -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
-    absl::StatusOr<std::unique_ptr<consumer::Provider>> p =
-        consumer::MakeHttpProvider(consumer::OptionsForSpec(spec));
+    absl::StatusOr<std::unique_ptr<consumer::Provider>> p = inner(spec);
     if (!p.ok()) return p.status();
     return std::make_unique<CountingProvider>(*std::move(p));
-  };
-  f.external_sink = [](const handoff::v1::SourceSpec& spec) {
-    return consumer::MakeExternalSink(spec);
   };
   return f;
 }

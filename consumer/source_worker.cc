@@ -339,9 +339,18 @@ void SourceWorker::IngestLoop() {
   int malformed = 0;
   const std::string identity = store::IdentityHash(spec_);
   bool running_published = false;
+  // The checkpoint a nothing-new poll left as it was: the next poll reuses it instead
+  // of reading it again (about a sixth of a caught-up source's CPU went to that read,
+  // measured). Safe: while this worker runs, only it moves its ingest
+  // checkpoint (RebuildSource needs the source stopped; no ingest hold exists once
+  // every page up to the cursor passed its barrier), and every commit is fenced by
+  // version and step_seq, so a stale copy could only lose a race and be reread.
+  std::optional<store::CheckpointRecord> unchanged;
   while (!stopping()) {
     absl::StatusOr<store::CheckpointRecord> cp =
-        parts_.store->LoadCheckpoint(spec_.id(), store::Stage::kIngest);
+        unchanged.has_value() ? absl::StatusOr<store::CheckpointRecord>(*std::move(unchanged))
+                              : parts_.store->LoadCheckpoint(spec_.id(), store::Stage::kIngest);
+    unchanged.reset();
     if (!cp.ok()) {
       Halt(handoff::v1::SOURCE_STATE_STORAGE_FAILED,
            absl::StrCat("cannot load the checkpoint: ", cp.status().message()), cp.status());
@@ -425,6 +434,7 @@ void SourceWorker::IngestLoop() {
       idle = false;
     }
     const bool go_on = DriveAttempt(attempt.get(), store::Stage::kIngest);
+    if (nothing_new && go_on) unchanged = attempt->checkpoint();
     Release(std::move(attempt));
     if (!go_on) break;
     if (nothing_new) {

@@ -196,6 +196,7 @@ bool ProviderSim::WaitForRequests(size_t n, absl::Duration timeout) {
 bool ProviderSim::Admit(const httplib::Request& req, bool sse, Params* p,
                         httplib::Response& res, RequestRecord* record) {
   record->path = req.path;
+  record->remote_port = req.remote_port;
   record->from = req.get_param_value("from");
   record->has_last_event_id = req.has_header("Last-Event-ID");
   record->last_event_id = req.get_header_value("Last-Event-ID");

@@ -106,6 +106,8 @@ struct RequestRecord {
   bool had_authorization = false;
   bool authorized = false;
   int status = 0;
+  // The client's TCP port: requests with the same port came over one connection.
+  int remote_port = 0;
 };
 
 class ProviderSim {

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
+#include "consumer/provider/curl_session.h"
 #include "consumer/provider/sse_parser.h"
 
 namespace handoff::consumer {
@@ -41,232 +42,7 @@ std::string UrlEscape(absl::string_view s) {
   return out;
 }
 
-std::optional<absl::Duration> ParseRetryAfterHeader(absl::string_view v) {
-  v = absl::StripAsciiWhitespace(v);
-  int64_t seconds = 0;
-  if (absl::SimpleAtoi(v, &seconds)) return absl::Seconds(std::max<int64_t>(0, seconds));
-  std::string date(v);
-  time_t when = curl_getdate(date.c_str(), nullptr);
-  if (when < 0) return std::nullopt;
-  return std::max(absl::ZeroDuration(), absl::FromTimeT(when) - absl::Now());
-}
-
-void InitCurlOnce() {
-  static std::once_flag once;
-  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
-}
-
 }  // namespace
-
-// One libcurl easy handle driven through a multi handle, so that another thread can
-// interrupt a transfer (curl_multi_wakeup) and an idle wait sleeps in poll().
-// Thread-compatible: Run is called by one thread at a time; Wakeup from any thread.
-class CurlSession {
- public:
-  struct Request {
-    std::string url;
-    std::vector<std::string> headers;
-    std::string user_agent;
-    absl::Duration connect_timeout;
-    absl::Duration header_timeout;     // from the start until the headers are complete
-    absl::Duration body_idle_timeout;  // quiet time allowed after (see Handler::Progressed)
-    // The whole transfer, however steadily bytes trickle in (polling: a slow-loris body
-    // that sends a byte every second never trips the idle timeout).
-    absl::Duration total_timeout = absl::InfiniteDuration();
-  };
-  struct Response {
-    int status = 0;
-    std::string content_type;
-    std::optional<uint64_t> content_length;
-    std::optional<absl::Duration> retry_after;
-  };
-  // Callbacks run on the thread that called Run. Returning false aborts the transfer.
-  class Handler {
-   public:
-    virtual ~Handler() = default;
-    virtual bool OnHeaders(const Response& response) = 0;
-    virtual bool OnBody(absl::string_view chunk) = 0;
-    // Whether the body made progress since the last call (resets the idle timer). Bytes
-    // for a polled body; complete frames for a stream, so that a frame trickled forever
-    // counts as silence.
-    virtual bool Progressed() { return true; }
-  };
-  struct Result {
-    CURLcode code = CURLE_OK;
-    std::string error;           // curl's message
-    bool interrupted = false;    // should_stop() became true
-    bool idle_timeout = false;
-    bool deadline_exceeded = false;  // total_timeout
-    bool headers_done = false;
-  };
-
-  CurlSession() {
-    InitCurlOnce();
-    multi_ = curl_multi_init();
-    easy_ = curl_easy_init();
-    curl_multi_setopt(multi_, CURLMOPT_MAXCONNECTS, 1L);
-    if (easy_ == nullptr) return;
-    curl_easy_setopt(easy_, CURLOPT_HTTPGET, 1L);
-    curl_easy_setopt(easy_, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(easy_, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(easy_, CURLOPT_FOLLOWLOCATION, 0L);
-    curl_easy_setopt(easy_, CURLOPT_TCP_KEEPALIVE, 1L);
-    curl_easy_setopt(easy_, CURLOPT_TCP_NODELAY, 1L);
-    // Set once: curl_easy_reset would free and reallocate this buffer every request.
-    curl_easy_setopt(easy_, CURLOPT_BUFFERSIZE, 256L * 1024);
-    curl_easy_setopt(easy_, CURLOPT_WRITEFUNCTION, &CurlSession::WriteCallback);
-    curl_easy_setopt(easy_, CURLOPT_HEADERFUNCTION, &CurlSession::HeaderCallback);
-  }
-  ~CurlSession() {
-    curl_easy_cleanup(easy_);
-    curl_multi_cleanup(multi_);
-  }
-  bool ok() const { return multi_ != nullptr && easy_ != nullptr; }
-
-  void Wakeup() { curl_multi_wakeup(multi_); }
-  void DropConnections() { fresh_connect_.store(true); }
-
-  Result Run(const Request& request, Handler* handler, const std::function<bool()>& should_stop) {
-    Context ctx;
-    ctx.handler = handler;
-    ctx.last_activity = absl::Now();
-    const absl::Time start = ctx.last_activity;
-    curl_slist* headers = nullptr;
-    for (const std::string& h : request.headers) headers = curl_slist_append(headers, h.c_str());
-    char error[CURL_ERROR_SIZE] = {0};
-    // The options every request shares were set once (constructor); the handle is
-    // reused so that its connection and buffers are too.
-    curl_easy_setopt(easy_, CURLOPT_URL, request.url.c_str());
-    curl_easy_setopt(easy_, CURLOPT_HTTPHEADER, headers);
-    curl_easy_setopt(easy_, CURLOPT_USERAGENT, request.user_agent.c_str());
-    curl_easy_setopt(easy_, CURLOPT_CONNECTTIMEOUT_MS,
-                     static_cast<long>(absl::ToInt64Milliseconds(request.connect_timeout)));
-    curl_easy_setopt(easy_, CURLOPT_ERRORBUFFER, error);
-    curl_easy_setopt(easy_, CURLOPT_WRITEDATA, &ctx);
-    curl_easy_setopt(easy_, CURLOPT_HEADERDATA, &ctx);
-    curl_easy_setopt(easy_, CURLOPT_FRESH_CONNECT, fresh_connect_.exchange(false) ? 1L : 0L);
-
-    Result result;
-    curl_multi_add_handle(multi_, easy_);
-    bool done = false;
-    while (true) {
-      int running = 0;
-      CURLMcode mc = curl_multi_perform(multi_, &running);
-      if (mc != CURLM_OK) {
-        result.code = CURLE_RECV_ERROR;
-        result.error = curl_multi_strerror(mc);
-        break;
-      }
-      if (running == 0) {
-        done = true;
-        break;
-      }
-      if (should_stop()) {
-        result.interrupted = true;
-        break;
-      }
-      // Headers must complete within header_timeout of the start (a flood of header
-      // lines, or one trickled byte by byte, does not extend it).
-      const absl::Time now = absl::Now();
-      absl::Duration left = ctx.headers_done
-                                ? ctx.last_activity + request.body_idle_timeout - now
-                                : start + request.header_timeout - now;
-      if (left <= absl::ZeroDuration()) {
-        result.idle_timeout = true;
-        break;
-      }
-      const absl::Duration total_left = start + request.total_timeout - now;
-      if (total_left <= absl::ZeroDuration()) {
-        result.deadline_exceeded = true;
-        break;
-      }
-      left = std::min(left, total_left);
-      int timeout_ms = static_cast<int>(
-          std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 60 * 1000));
-      curl_multi_poll(multi_, nullptr, 0, timeout_ms, nullptr);
-    }
-    if (done) {
-      int queued = 0;
-      while (CURLMsg* msg = curl_multi_info_read(multi_, &queued)) {
-        if (msg->msg == CURLMSG_DONE && msg->easy_handle == easy_) result.code = msg->data.result;
-      }
-      if (result.code != CURLE_OK) result.error = error[0] ? error : curl_easy_strerror(result.code);
-      if (result.code == CURLE_OUT_OF_MEMORY && !ctx.headers_done) {
-        // libcurl's cap on one response header (100 KiB), not this process's memory.
-        result.error = "a response header is larger than libcurl accepts (100 KiB)";
-      }
-    }
-    // Removing an unfinished transfer closes its connection; a finished one is kept.
-    curl_multi_remove_handle(multi_, easy_);
-    curl_easy_setopt(easy_, CURLOPT_ERRORBUFFER, nullptr);
-    curl_slist_free_all(headers);
-    result.headers_done = ctx.headers_done;
-    return result;
-  }
-
- private:
-  struct Context {
-    Handler* handler = nullptr;
-    Response response;
-    bool headers_done = false;
-    absl::Time last_activity;
-  };
-
-  static size_t HeaderCallback(char* data, size_t size, size_t n, void* user) {
-    auto* ctx = static_cast<Context*>(user);
-    const size_t len = size * n;
-    ctx->last_activity = absl::Now();
-    absl::string_view line(data, len);
-    line = absl::StripTrailingAsciiWhitespace(line);
-    if (absl::StartsWith(line, "HTTP/")) {
-      ctx->response = Response();
-      size_t sp = line.find(' ');
-      int status = 0;
-      if (sp != absl::string_view::npos &&
-          absl::SimpleAtoi(line.substr(sp + 1, 3), &status)) {
-        ctx->response.status = status;
-      }
-      return len;
-    }
-    if (line.empty()) {
-      if (ctx->response.status >= 200 && !ctx->headers_done) {
-        ctx->headers_done = true;
-        if (!ctx->handler->OnHeaders(ctx->response)) return 0;
-      }
-      return len;
-    }
-    size_t colon = line.find(':');
-    if (colon == absl::string_view::npos) return len;
-    std::string name = absl::AsciiStrToLower(line.substr(0, colon));
-    absl::string_view value = absl::StripAsciiWhitespace(line.substr(colon + 1));
-    if (name == "content-type") {
-      ctx->response.content_type = absl::AsciiStrToLower(value);
-    } else if (name == "content-length") {
-      uint64_t v = 0;
-      if (absl::SimpleAtoi(value, &v)) ctx->response.content_length = v;
-    } else if (name == "retry-after") {
-      ctx->response.retry_after = ParseRetryAfterHeader(value);
-    }
-    return len;
-  }
-
-  static size_t WriteCallback(char* data, size_t size, size_t n, void* user) {
-    auto* ctx = static_cast<Context*>(user);
-    const size_t len = size * n;
-    if (!ctx->headers_done) {  // e.g. HTTP/0.9 or a missing blank line
-      ctx->headers_done = true;
-      if (!ctx->handler->OnHeaders(ctx->response)) return 0;
-    }
-    bool ok = ctx->handler->OnBody(absl::string_view(data, len));
-    // After OnBody: time blocked there is not silence.
-    if (ctx->handler->Progressed()) ctx->last_activity = absl::Now();
-    return ok ? len : 0;
-  }
-
-  CURLM* multi_ = nullptr;
-  CURL* easy_ = nullptr;
-  std::atomic<bool> fresh_connect_{false};
-};
 
 Refusal ClassifyRefusal(int http_status, absl::string_view body,
                         std::optional<absl::Duration> retry_after_header,
@@ -366,7 +142,19 @@ Refusal ClassifyRefusal(int http_status, absl::string_view body,
 HttpProvider::HttpProvider(HttpProviderOptions options)
     : options_(std::move(options)),
       base_(absl::StripSuffix(options_.base_url, "/")),
-      session_(std::make_unique<CurlSession>()) {}
+      pool_(options_.session_pool != nullptr ? options_.session_pool
+                                             : std::make_shared<CurlSessionPool>(1)),
+      stream_session_(options_.transport == handoff::v1::TRANSPORT_SSE
+                          ? std::make_unique<CurlSession>()
+                          : nullptr) {}
+
+void HttpProvider::WakeTransfers() {
+  {
+    absl::MutexLock lock(&poll_mu_);
+    if (poll_session_ != nullptr) poll_session_->Wakeup();
+  }
+  if (stream_session_ != nullptr) stream_session_->Wakeup();
+}
 
 HttpProviderOptions OptionsForSpec(const handoff::v1::SourceSpec& spec) {
   HttpProviderOptions o;
@@ -406,7 +194,9 @@ absl::StatusOr<std::unique_ptr<HttpProvider>> HttpProvider::Create(HttpProviderO
   if (options.max_page_bytes < 1024) return absl::InvalidArgumentError("max_page_bytes < 1024");
   options.sse_buffered_pages = std::max<size_t>(1, options.sse_buffered_pages);
   std::unique_ptr<HttpProvider> p(new HttpProvider(std::move(options)));
-  if (!p->session_->ok()) return absl::InternalError("libcurl initialisation failed");
+  if (p->stream_session_ != nullptr && !p->stream_session_->ok()) {
+    return absl::InternalError("libcurl initialisation failed");
+  }
   return p;
 }
 
@@ -414,7 +204,7 @@ HttpProvider::~HttpProvider() {
   cancelled_.store(true);
   if (prefetch_thread_.joinable()) {
     stop_prefetch_.store(true);
-    session_->Wakeup();
+    WakeTransfers();
     prefetch_thread_.join();
   }
   absl::MutexLock lock(&lifecycle_mu_);
@@ -471,13 +261,14 @@ FetchResult HttpProvider::Fetch(const std::string& committed_cursor) {
 void HttpProvider::Cancel() {
   cancelled_.store(true);
   { absl::MutexLock lock(&mu_); }  // re-evaluates the conditions of waiting threads
-  session_->Wakeup();
+  WakeTransfers();
 }
 
 void HttpProvider::Close() {
   close_generation_.fetch_add(1);
-  session_->DropConnections();
-  session_->Wakeup();
+  fresh_poll_connection_.store(true);
+  if (stream_session_ != nullptr) stream_session_->DropConnections();
+  WakeTransfers();
   absl::MutexLock lock(&lifecycle_mu_);
   StopReader();
 }
@@ -570,7 +361,7 @@ std::optional<FetchResult> HttpProvider::TakePrefetch(const std::string& cursor)
   if (prefetch_cursor_ != cursor) {
     // The engine did not commit the page the prefetch followed: drop the speculation.
     stop_prefetch_.store(true);
-    session_->Wakeup();
+    WakeTransfers();
   }
   prefetch_thread_.join();
   std::optional<FetchResult> result = std::move(prefetch_result_);
@@ -595,10 +386,22 @@ FetchResult HttpProvider::PollOnce(const std::string& cursor, const std::atomic<
   req.total_timeout = options_.response_timeout;
   BodyHandler handler(&body_, options_.max_page_bytes, PageParser::Padding());
   const uint64_t generation = close_generation_.load();
-  CurlSession::Result result = session_->Run(req, &handler, [this, generation, stop] {
+  std::unique_ptr<CurlSession> session = pool_->Take();
+  if (!session->ok()) return Transient("internal", "libcurl could not allocate a session");
+  if (fresh_poll_connection_.exchange(false)) session->DropConnections();
+  {
+    absl::MutexLock lock(&poll_mu_);
+    poll_session_ = session.get();
+  }
+  CurlSession::Result result = session->Run(req, &handler, [this, generation, stop] {
     return cancelled_.load() || close_generation_.load() != generation ||
            (stop != nullptr && stop->load());
   });
+  {
+    absl::MutexLock lock(&poll_mu_);
+    poll_session_ = nullptr;
+  }
+  pool_->Give(std::move(session));
   if (cancelled_.load()) return Cancelled();
   if (result.interrupted) return Transient("closed", "connection closed by Close()");
   if (handler.too_large()) return TooLarge(options_.max_page_bytes);
@@ -691,7 +494,7 @@ void HttpProvider::StopReader() {
   if (reader_.joinable()) {
     stop_reader_.store(true);
     { absl::MutexLock lock(&mu_); }  // wakes a reader waiting for queue room
-    session_->Wakeup();
+    WakeTransfers();
     reader_.join();
     stop_reader_.store(false);
   }
@@ -845,7 +648,7 @@ void HttpProvider::ReaderMain(std::string cursor, uint64_t stream_id) {
   req.body_idle_timeout = options_.sse_silence_timeout;
   StreamHandler handler(options_.max_page_bytes,
                         [this, stream_id](Page page) { return PushPage(std::move(page), stream_id); });
-  CurlSession::Result result = session_->Run(req, &handler, [this] {
+  CurlSession::Result result = stream_session_->Run(req, &handler, [this] {
     return stop_reader_.load() || cancelled_.load();
   });
   if (stop_reader_.load() || handler.stopped()) return;  // Close / reconnect: nobody waits

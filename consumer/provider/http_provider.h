@@ -1,7 +1,9 @@
 // HttpProvider: the consumer::Provider that speaks provider-contract.md over libcurl.
 //
-// Polling (TRANSPORT_POLL): every Fetch(c) is one GET {base}/v1/pages?...&from=c on a
-// kept libcurl handle (so the connection is reused), parsed on the calling thread.
+// Polling (TRANSPORT_POLL): every Fetch(c) is one GET {base}/v1/pages?...&from=c, parsed
+// on the calling thread, over a CurlSession leased from a CurlSessionPool for that one
+// request (curl_session.h): the polls of the sources sharing a pool share a few warm
+// connections, and a caught-up source holds none between its polls.
 // Prefetch (poll_prefetch): when Fetch(c) returns a page whose `next` N differs from c,
 // a helper thread at once requests and parses the page for N, so fetching and parsing
 // overlap the engine's commit of the current page. The speculative page is only handed
@@ -62,6 +64,8 @@
 
 namespace handoff::consumer {
 
+class CurlSessionPool;  // curl_session.h
+
 struct HttpProviderOptions {
   std::string base_url;  // "http://127.0.0.1:8545" (a trailing '/' is ignored)
   std::string chain;
@@ -86,6 +90,10 @@ struct HttpProviderOptions {
   size_t sse_buffered_pages = 2;
   // Polling: prefetch the next page while the current one commits (see above).
   bool poll_prefetch = true;
+  // Where polled requests lease their sessions, shared by the providers that should
+  // share warm connections (handoffd: all of them). nullptr: a pool of one session of
+  // this provider's own, closed with it.
+  std::shared_ptr<CurlSessionPool> session_pool;
   std::string user_agent = "handoff/1";
 };
 
@@ -127,6 +135,8 @@ class HttpProvider : public Provider {
   // One polled request and its parse. Runs on the Fetch thread or the prefetch thread,
   // never both at once (FetchPoll joins the prefetch first).
   FetchResult PollOnce(const std::string& cursor, const std::atomic<bool>* stop);
+  // Interrupts the polled request in flight, if any, and the stream's transfer.
+  void WakeTransfers() ABSL_LOCKS_EXCLUDED(poll_mu_);
   // The prefetched result for `cursor`, if any and still usable; always ends (joins) a
   // prefetch in flight. Called on the Fetch thread only.
   std::optional<FetchResult> TakePrefetch(const std::string& cursor);
@@ -145,7 +155,16 @@ class HttpProvider : public Provider {
   // Constant after construction.
   const HttpProviderOptions options_;
   const std::string base_;  // base_url without a trailing '/'
-  std::unique_ptr<CurlSession> session_;
+  const std::shared_ptr<CurlSessionPool> pool_;
+  // SSE only (nullptr when polling): the reader's session, the stream's connection.
+  const std::unique_ptr<CurlSession> stream_session_;
+
+  // The pool session of the polled request in flight (Fetch or prefetch thread), so
+  // that Cancel/Close/TakePrefetch can interrupt it.
+  absl::Mutex poll_mu_;
+  CurlSession* poll_session_ ABSL_GUARDED_BY(poll_mu_) = nullptr;
+  // Set by Close(): the next polled request opens a new connection.
+  std::atomic<bool> fresh_poll_connection_{false};
 
   std::atomic<bool> cancelled_{false};
   std::atomic<uint64_t> close_generation_{0};

@@ -1,13 +1,16 @@
 // HttpProvider against the in-process ProviderSim over real loopback HTTP.
 #include "consumer/provider/http_provider.h"
 
+#include <atomic>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
+#include "consumer/provider/curl_session.h"
 #include "gtest/gtest.h"
 #include "sim/provider_sim.h"
 
@@ -104,6 +107,62 @@ TEST_F(HttpProviderTest, PollWalksTheChainAndMatchesCanonical) {
   Page latest = ExpectPage(p->Fetch("latest"));
   EXPECT_NE(latest.next, "latest");
   EXPECT_TRUE(latest.items.empty());
+}
+
+// Polled requests lease pooled sessions: caught-up sources polling one after another
+// share one kept-alive connection instead of opening one each, and a Close() makes the
+// next poll open a new connection.
+TEST_F(HttpProviderTest, PollsOfManySourcesShareWarmConnections) {
+  auto pool = std::make_shared<CurlSessionPool>(4);
+  std::vector<std::unique_ptr<HttpProvider>> providers;
+  for (int i = 0; i < 20; ++i) {
+    HttpProviderOptions o = Options(handoff::v1::TRANSPORT_POLL);
+    o.poll_prefetch = false;
+    o.session_pool = pool;
+    providers.push_back(Make(std::move(o)));
+  }
+  for (auto& p : providers) ExpectPage(p->Fetch("latest"));
+  std::set<int> ports;
+  for (const auto& r : sim_->Requests()) ports.insert(r.remote_port);
+  EXPECT_EQ(sim_->Requests().size(), 20u);
+  EXPECT_EQ(ports.size(), 1u) << "each poll should reuse the warm connection";
+  EXPECT_EQ(pool->stats().created, 1);
+  EXPECT_EQ(pool->stats().idle, 1);
+
+  providers[7]->Close();
+  ExpectPage(providers[7]->Fetch("latest"));
+  ExpectPage(providers[8]->Fetch("latest"));
+  const std::vector<sim::RequestRecord> all = sim_->Requests();
+  ASSERT_EQ(all.size(), 22u);
+  EXPECT_NE(all[20].remote_port, all[19].remote_port) << "Close() must drop the connection";
+  EXPECT_EQ(all[21].remote_port, all[20].remote_port);
+  EXPECT_EQ(pool->stats().created, 1);
+}
+
+// Concurrent polls lease distinct sessions (one request per session at a time), and
+// the pool keeps no more idle sessions than its bound.
+TEST_F(HttpProviderTest, ConcurrentPollsLeaseDistinctSessions) {
+  auto pool = std::make_shared<CurlSessionPool>(2);
+  std::vector<std::thread> threads;
+  std::atomic<int> pages{0};
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&] {
+      HttpProviderOptions o = Options(handoff::v1::TRANSPORT_POLL);
+      o.session_pool = pool;
+      auto p = Make(std::move(o));
+      std::string cursor = "0";
+      for (int i = 0; i < 5; ++i) {
+        FetchResult r = p->Fetch(cursor);
+        if (!r.page.has_value()) continue;
+        ++pages;
+        cursor = r.page->next;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(pages.load(), 30);
+  EXPECT_LE(pool->stats().idle, 2);
+  EXPECT_GE(pool->stats().created, 2);
 }
 
 // The prefetched page is handed out only to Fetch(next) and equals a fresh request's

@@ -207,6 +207,7 @@ HttpProvider::~HttpProvider() {
     WakeTransfers();
     prefetch_thread_.join();
   }
+  if (held_session_ != nullptr) pool_->Give(std::move(held_session_));
   absl::MutexLock lock(&lifecycle_mu_);
   StopReader();
 }
@@ -375,6 +376,34 @@ std::optional<FetchResult> HttpProvider::TakePrefetch(const std::string& cursor)
 }
 
 FetchResult HttpProvider::PollOnce(const std::string& cursor, const std::atomic<bool>* stop) {
+  std::unique_ptr<CurlSession> session =
+      held_session_ != nullptr ? std::move(held_session_) : pool_->Take();
+  if (!session->ok()) return Transient("internal", "libcurl could not allocate a session");
+  if (fresh_poll_connection_.exchange(false)) session->DropConnections();
+  {
+    absl::MutexLock lock(&poll_mu_);
+    poll_session_ = session.get();
+  }
+  FetchResult result = PollWith(session.get(), cursor, stop);
+  {
+    absl::MutexLock lock(&poll_mu_);
+    poll_session_ = nullptr;
+  }
+  // A source that got a page with news asks again at once: it keeps its session and
+  // connection. One that is caught up or refused waits first: its session goes back to
+  // the pool, for whichever source polls next.
+  const bool asks_again_now =
+      result.page.has_value() && (!result.page->items.empty() || result.page->next != cursor);
+  if (asks_again_now) {
+    held_session_ = std::move(session);
+  } else {
+    pool_->Give(std::move(session));
+  }
+  return result;
+}
+
+FetchResult HttpProvider::PollWith(CurlSession* session, const std::string& cursor,
+                                   const std::atomic<bool>* stop) {
   CurlSession::Request req;
   req.url = Url("/v1/pages", cursor);
   req.headers.push_back("Accept: application/json");
@@ -386,22 +415,10 @@ FetchResult HttpProvider::PollOnce(const std::string& cursor, const std::atomic<
   req.total_timeout = options_.response_timeout;
   BodyHandler handler(&body_, options_.max_page_bytes, PageParser::Padding());
   const uint64_t generation = close_generation_.load();
-  std::unique_ptr<CurlSession> session = pool_->Take();
-  if (!session->ok()) return Transient("internal", "libcurl could not allocate a session");
-  if (fresh_poll_connection_.exchange(false)) session->DropConnections();
-  {
-    absl::MutexLock lock(&poll_mu_);
-    poll_session_ = session.get();
-  }
   CurlSession::Result result = session->Run(req, &handler, [this, generation, stop] {
     return cancelled_.load() || close_generation_.load() != generation ||
            (stop != nullptr && stop->load());
   });
-  {
-    absl::MutexLock lock(&poll_mu_);
-    poll_session_ = nullptr;
-  }
-  pool_->Give(std::move(session));
   if (cancelled_.load()) return Cancelled();
   if (result.interrupted) return Transient("closed", "connection closed by Close()");
   if (handler.too_large()) return TooLarge(options_.max_page_bytes);

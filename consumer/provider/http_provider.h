@@ -3,7 +3,9 @@
 // Polling (TRANSPORT_POLL): every Fetch(c) is one GET {base}/v1/pages?...&from=c, parsed
 // on the calling thread, over a CurlSession leased from a CurlSessionPool for that one
 // request (curl_session.h): the polls of the sources sharing a pool share a few warm
-// connections, and a caught-up source holds none between its polls.
+// connections, and a caught-up source holds none between its polls. A source that is
+// catching up keeps its session from one page to the next, as its requests follow each
+// other at once.
 // Prefetch (poll_prefetch): when Fetch(c) returns a page whose `next` N differs from c,
 // a helper thread at once requests and parses the page for N, so fetching and parsing
 // overlap the engine's commit of the current page. The speculative page is only handed
@@ -134,7 +136,10 @@ class HttpProvider : public Provider {
   FetchResult FetchPoll(const std::string& cursor);
   // One polled request and its parse. Runs on the Fetch thread or the prefetch thread,
   // never both at once (FetchPoll joins the prefetch first).
+  // Leases the session (the held one, else one from the pool) and gives it back after.
   FetchResult PollOnce(const std::string& cursor, const std::atomic<bool>* stop);
+  FetchResult PollWith(CurlSession* session, const std::string& cursor,
+                       const std::atomic<bool>* stop);
   // Interrupts the polled request in flight, if any, and the stream's transfer.
   void WakeTransfers() ABSL_LOCKS_EXCLUDED(poll_mu_);
   // The prefetched result for `cursor`, if any and still usable; always ends (joins) a
@@ -174,6 +179,9 @@ class HttpProvider : public Provider {
   // the Fetch thread is elsewhere (handed over by thread start and join).
   PageParser poll_parser_;
   std::string body_;
+  // The session of a source that is catching up, kept from one request to the next
+  // (nullptr once it is caught up: then each poll leases one from the pool).
+  std::unique_ptr<CurlSession> held_session_;
   std::thread prefetch_thread_;
   std::string prefetch_cursor_;
   uint64_t prefetch_generation_ = 0;

@@ -110,8 +110,8 @@ TEST_F(HttpProviderTest, PollWalksTheChainAndMatchesCanonical) {
 }
 
 // Polled requests lease pooled sessions: caught-up sources polling one after another
-// share one kept-alive connection instead of opening one each, and a Close() makes the
-// next poll open a new connection.
+// share one kept-alive connection instead of opening one each, a Close() makes the
+// next poll open a new connection, and a source that is catching up keeps its own.
 TEST_F(HttpProviderTest, PollsOfManySourcesShareWarmConnections) {
   auto pool = std::make_shared<CurlSessionPool>(4);
   std::vector<std::unique_ptr<HttpProvider>> providers;
@@ -121,22 +121,43 @@ TEST_F(HttpProviderTest, PollsOfManySourcesShareWarmConnections) {
     o.session_pool = pool;
     providers.push_back(Make(std::move(o)));
   }
-  for (auto& p : providers) ExpectPage(p->Fetch("latest"));
-  std::set<int> ports;
-  for (const auto& r : sim_->Requests()) ports.insert(r.remote_port);
-  EXPECT_EQ(sim_->Requests().size(), 20u);
-  EXPECT_EQ(ports.size(), 1u) << "each poll should reuse the warm connection";
+  const std::string head = ExpectPage(providers[0]->Fetch("latest")).next;
+  for (auto& p : providers) {
+    Page page = ExpectPage(p->Fetch(head));
+    ASSERT_TRUE(page.items.empty());
+    ASSERT_EQ(page.next, head);  // caught up: nothing new
+  }
+  auto ports = [&] {
+    std::vector<int> out;
+    for (const auto& r : sim_->Requests()) out.push_back(r.remote_port);
+    return out;
+  };
+  const std::vector<int> caught_up = ports();
+  ASSERT_EQ(caught_up.size(), 21u);
+  EXPECT_EQ(std::set<int>(caught_up.begin(), caught_up.end()).size(), 1u)
+      << "each poll should reuse the warm connection";
   EXPECT_EQ(pool->stats().created, 1);
   EXPECT_EQ(pool->stats().idle, 1);
 
   providers[7]->Close();
-  ExpectPage(providers[7]->Fetch("latest"));
-  ExpectPage(providers[8]->Fetch("latest"));
-  const std::vector<sim::RequestRecord> all = sim_->Requests();
-  ASSERT_EQ(all.size(), 22u);
-  EXPECT_NE(all[20].remote_port, all[19].remote_port) << "Close() must drop the connection";
-  EXPECT_EQ(all[21].remote_port, all[20].remote_port);
-  EXPECT_EQ(pool->stats().created, 1);
+  ExpectPage(providers[7]->Fetch(head));
+  ExpectPage(providers[8]->Fetch(head));
+  std::vector<int> after_close = ports();
+  ASSERT_EQ(after_close.size(), 23u);
+  EXPECT_NE(after_close[21], after_close[20]) << "Close() must drop the connection";
+  EXPECT_EQ(after_close[22], after_close[21]);
+
+  // Catching up (a page with events): the source keeps its session for its next
+  // request, so a caught-up source polling meanwhile gets another one.
+  Page first = ExpectPage(providers[0]->Fetch("0"));
+  ASSERT_FALSE(first.items.empty());
+  ExpectPage(providers[1]->Fetch(head));
+  ExpectPage(providers[0]->Fetch(first.next));
+  std::vector<int> mixed = ports();
+  ASSERT_EQ(mixed.size(), 26u);
+  EXPECT_NE(mixed[24], mixed[23]);
+  EXPECT_EQ(mixed[25], mixed[23]) << "a catching-up source keeps its connection";
+  EXPECT_EQ(pool->stats().created, 2);
 }
 
 // Concurrent polls lease distinct sessions (one request per session at a time), and

@@ -342,7 +342,7 @@ absl::Status Store::DeleteSource(absl::string_view id) {
   const std::string end = keys::PrefixSuccessor(prefix);
   for (rocksdb::ColumnFamilyHandle* cf : {cfs_.checkpoints, cfs_.receipts, cfs_.quarantine,
                                           cfs_.holds, cfs_.rows, cfs_.outbox}) {
-    batch.DeleteRange(cf, prefix, end);
+    RETURN_IF_ERROR(DeleteRangeIfAny(cf, prefix, end, &batch));
   }
   batch.Delete(cfs_.sources, keys::Source(id));
   return Write(&batch, absl::StrCat("delete source ", id));
@@ -392,7 +392,7 @@ absl::Status Store::ResetSource(absl::string_view id, const CheckpointRecord& in
   const std::string end = keys::PrefixSuccessor(prefix);
   for (rocksdb::ColumnFamilyHandle* cf :
        {cfs_.receipts, cfs_.quarantine, cfs_.holds, cfs_.rows, cfs_.outbox}) {
-    batch.DeleteRange(cf, prefix, end);
+    RETURN_IF_ERROR(DeleteRangeIfAny(cf, prefix, end, &batch));
   }
   // Both stages continue above the highest version either stage (or a deleted source of
   // the same id) ever had.
@@ -534,6 +534,17 @@ Store::Snapshot::~Snapshot() { db_->ReleaseSnapshot(snapshot_); }
 
 std::unique_ptr<Store::Snapshot> Store::NewSnapshot() const {
   return std::unique_ptr<Snapshot>(new Snapshot(db_.get()));
+}
+
+absl::Status Store::DeleteRangeIfAny(rocksdb::ColumnFamilyHandle* cf, const std::string& begin,
+                                     const std::string& end, rocksdb::WriteBatch* batch) const {
+  rocksdb::ReadOptions ro;
+  rocksdb::Slice upper(end);
+  ro.iterate_upper_bound = &upper;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cf));
+  it->Seek(begin);
+  if (it->Valid()) batch->DeleteRange(cf, begin, end);
+  return FromRocks(it->status(), "scan before a range deletion");
 }
 
 absl::Status Store::ScanRange(

@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "rocksdb/db.h"
 #include "rocksdb/env.h"
+#include "rocksdb/table_properties.h"
 #include "store/fault_injection_fs.h"
 #include "store/keys.h"
 #include "store/row_codec.h"
@@ -672,6 +673,33 @@ TEST_F(StoreTest, DeleteSourceRemovesOnlyThatSource) {
   ASSERT_TRUE(listed.ok()) << listed.status();
   ASSERT_EQ(listed->size(), 3u);
   EXPECT_EQ((*listed)[0].spec().id(), "a-b");
+}
+
+// A range tombstone in a bottommost file makes RocksDB rewrite that whole file to drop
+// it, so resetting a source writes range deletions only where it has keys.
+TEST_F(StoreTest, RangeDeletionsOnlyWhereTheSourceHasKeys) {
+  Open();
+  ASSERT_TRUE(store_->ResetSource("fresh", Fresh("c0"), Fresh("")).ok());  // nothing stored
+  FillSource(store_.get(), "full");  // its first reset found nothing either
+  ASSERT_EQ(CountRows(store_.get(), "full"), 20);
+  ASSERT_TRUE(store_->ResetSource("full", Fresh("c0"), Fresh("")).ok());
+  EXPECT_EQ(CountRows(store_.get(), "full"), 0);
+  EXPECT_EQ(CountStaged(store_.get(), StagedFamily::kHolds, "full", Stage::kIngest), 0);
+  store_.reset();
+  WithRawDb(path_, [](rocksdb::DB* db, const std::vector<std::string>& names,
+                      const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
+    std::map<std::string, uint64_t> tombstones;
+    for (size_t i = 0; i < names.size(); ++i) {
+      rocksdb::TablePropertiesCollection props;
+      ASSERT_TRUE(db->GetPropertiesOfAllTables(handles[i], &props).ok());
+      for (const auto& [file, p] : props) tombstones[names[i]] += p->num_range_deletions;
+    }
+    EXPECT_EQ(tombstones["rows"], 1u);  // the second reset of "full" only
+    EXPECT_EQ(tombstones["holds"], 1u);
+    EXPECT_EQ(tombstones["receipts"], 1u);
+    EXPECT_EQ(tombstones["quarantine"], 1u);
+    EXPECT_EQ(tombstones["outbox"], 1u);
+  });
 }
 
 TEST_F(StoreTest, ResetSourceFencesOutOldAttempts) {

@@ -207,7 +207,11 @@ HttpProvider::~HttpProvider() {
     WakeTransfers();
     prefetch_thread_.join();
   }
-  if (held_session_ != nullptr) pool_->Give(std::move(held_session_));
+  // A provider that was Close()d since its last request (a halted worker) closes its
+  // connection with it; otherwise the warm connection is left to the other sources.
+  if (held_session_ != nullptr && !fresh_poll_connection_.load()) {
+    pool_->Give(std::move(held_session_));
+  }
   absl::MutexLock lock(&lifecycle_mu_);
   StopReader();
 }

@@ -160,6 +160,30 @@ TEST_F(HttpProviderTest, PollsOfManySourcesShareWarmConnections) {
   EXPECT_EQ(pool->stats().created, 2);
 }
 
+// A provider going away leaves its warm connection to the pool, unless it was closed
+// (a halted worker closes its connection).
+TEST_F(HttpProviderTest, ClosedProviderDoesNotLeaveItsConnectionInThePool) {
+  auto pool = std::make_shared<CurlSessionPool>(4);
+  auto make = [&] {
+    HttpProviderOptions o = Options(handoff::v1::TRANSPORT_POLL);
+    o.poll_prefetch = false;
+    o.session_pool = pool;
+    return Make(std::move(o));
+  };
+  std::unique_ptr<HttpProvider> kept = make();
+  ASSERT_FALSE(ExpectPage(kept->Fetch("0")).items.empty());  // catching up: holds it
+  EXPECT_EQ(pool->stats().idle, 0);
+  kept.reset();
+  EXPECT_EQ(pool->stats().idle, 1);
+
+  std::unique_ptr<HttpProvider> closed = make();
+  ASSERT_FALSE(ExpectPage(closed->Fetch("0")).items.empty());
+  EXPECT_EQ(pool->stats().idle, 0);
+  closed->Close();
+  closed.reset();
+  EXPECT_EQ(pool->stats().idle, 0);
+}
+
 // Concurrent polls lease distinct sessions (one request per session at a time), and
 // the pool keeps no more idle sessions than its bound.
 TEST_F(HttpProviderTest, ConcurrentPollsLeaseDistinctSessions) {

@@ -1,6 +1,7 @@
 #include "store/row_codec.h"
 
 #include <cstdint>
+#include <cstring>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -46,33 +47,6 @@ struct HexDigits {
 constexpr HexDigits kDigits;
 constexpr char kLowerHex[] = "0123456789abcdef";
 
-void AppendVarint(uint64_t v, std::string* out) {
-  char buf[10];
-  int n = 0;
-  while (v >= 0x80) {
-    buf[n++] = static_cast<char>(v | 0x80);
-    v >>= 7;
-  }
-  buf[n++] = static_cast<char>(v);
-  out->append(buf, n);
-}
-
-void AppendTag(uint32_t field, uint32_t wire_type, std::string* out) {
-  AppendVarint((field << 3) | wire_type, out);
-}
-
-void AppendUint(uint32_t field, uint64_t v, std::string* out) {
-  if (v == 0) return;  // proto3 default
-  AppendTag(field, kVarint, out);
-  AppendVarint(v, out);
-}
-
-void AppendBytes(uint32_t field, absl::string_view bytes, std::string* out) {
-  AppendTag(field, kLengthDelimited, out);
-  AppendVarint(bytes.size(), out);
-  out->append(bytes.data(), bytes.size());
-}
-
 // Decodes n_chars (even) lowercase hex digits at `in` into n_chars / 2 bytes at `out`.
 // False if any character is not a lowercase hex digit (then `out` holds garbage).
 bool DecodeLowerHex(const char* in, size_t n_chars, char* out) {
@@ -116,34 +90,75 @@ bool DecodeLowerHex(const char* in, size_t n_chars, char* out) {
   return bad >= 0;
 }
 
-// Appends `text` as the bytes it spells when it is canonical ("0x" + an even number of
-// lowercase hex digits; an empty result is left out when `omit_empty`). False, with
-// nothing appended, when it is not canonical.
-bool AppendHexAsBytes(uint32_t field, absl::string_view text, bool omit_empty,
-                      std::string* out) {
-  if (text.size() < 2 || text[0] != '0' || text[1] != 'x' || text.size() % 2 != 0) {
-    return false;
-  }
-  const size_t n = (text.size() - 2) / 2;
-  if (n == 0 && omit_empty) return true;
-  const size_t mark = out->size();
-  AppendTag(field, kLengthDelimited, out);
-  AppendVarint(n, out);
-  const size_t at = out->size();
-  out->resize(at + n);
-  if (!DecodeLowerHex(text.data() + 2, text.size() - 2, out->data() + at)) {
-    out->resize(mark);
-    return false;
-  }
-  return true;
-}
+// Writes a StoredRow into memory reserved beforehand (MaxEncodedSize), so that no field
+// checks or grows the string.
+class RowWriter {
+ public:
+  explicit RowWriter(char* p) : p_(p) {}
+  char* position() const { return p_; }
+  void Rewind(char* to) { p_ = to; }
 
-// One singular hex field; stored as its text, and flagged, when not canonical.
-void AppendHexField(Field field, absl::string_view text, uint32_t* verbatim,
-                    std::string* out) {
-  if (AppendHexAsBytes(field, text, /*omit_empty=*/true, out)) return;
-  *verbatim |= TextBit(field);
-  if (!text.empty()) AppendBytes(field, text, out);
+  void Byte(char c) { *p_++ = c; }
+  void Varint(uint64_t v) {
+    while (v >= 0x80) {
+      *p_++ = static_cast<char>(v | 0x80);
+      v >>= 7;
+    }
+    *p_++ = static_cast<char>(v);
+  }
+  void Tag(uint32_t field, uint32_t wire_type) { Varint((field << 3) | wire_type); }
+  void Uint(uint32_t field, uint64_t v) {
+    if (v == 0) return;  // proto3 default
+    Tag(field, kVarint);
+    Varint(v);
+  }
+  void Bytes(uint32_t field, absl::string_view bytes) {
+    Tag(field, kLengthDelimited);
+    Varint(bytes.size());
+    std::memcpy(p_, bytes.data(), bytes.size());
+    p_ += bytes.size();
+  }
+  // Writes `text` as the bytes it spells when it is canonical ("0x" + an even number of
+  // lowercase hex digits; an empty result is left out when `omit_empty`). False, with
+  // nothing written, when it is not canonical.
+  bool HexAsBytes(uint32_t field, absl::string_view text, bool omit_empty) {
+    if (text.size() < 2 || text[0] != '0' || text[1] != 'x' || text.size() % 2 != 0) {
+      return false;
+    }
+    const size_t n = (text.size() - 2) / 2;
+    if (n == 0 && omit_empty) return true;
+    char* const mark = p_;
+    Tag(field, kLengthDelimited);
+    Varint(n);
+    if (!DecodeLowerHex(text.data() + 2, text.size() - 2, p_)) {
+      p_ = mark;
+      return false;
+    }
+    p_ += n;
+    return true;
+  }
+  // One singular hex field; stored as its text, and flagged, when not canonical.
+  void HexField(Field field, absl::string_view text, uint32_t* verbatim) {
+    if (HexAsBytes(field, text, /*omit_empty=*/true)) return;
+    *verbatim |= TextBit(field);
+    if (!text.empty()) Bytes(field, text);
+  }
+
+ private:
+  char* p_;
+};
+
+// The most AppendEncodedRow writes for `row`: every hex field at its text length (the
+// verbatim case) after a tag and a length, every number as a tag and a 10-byte varint.
+size_t MaxEncodedSize(const handoff::v1::EventRow& row) {
+  constexpr size_t kHeader = 1 + 10;
+  size_t n = 1 + 4 * kHeader;  // format byte; block, log index, tx index, verbatim
+  for (const std::string* f : {&row.block_hash(), &row.address(), &row.data(),
+                               &row.transaction_hash()}) {
+    n += kHeader + f->size();
+  }
+  for (const std::string& t : row.topics()) n += kHeader + t.size();
+  return n;
 }
 
 // The text a stored field stands for.
@@ -165,27 +180,31 @@ void DecodeHexField(const std::string& stored, bool verbatim, std::string* text)
 }  // namespace
 
 void AppendEncodedRow(const handoff::v1::EventRow& row, std::string* out) {
-  out->push_back(kStoredRowFormat);
+  const size_t at = out->size();
+  out->resize(at + MaxEncodedSize(row));
+  RowWriter w(out->data() + at);
+  w.Byte(kStoredRowFormat);
   uint32_t verbatim = 0;
-  AppendUint(kBlockNumber, row.block_number(), out);
-  AppendUint(kLogIndex, row.log_index(), out);
-  AppendHexField(kBlockHash, row.block_hash(), &verbatim, out);
-  AppendHexField(kAddress, row.address(), &verbatim, out);
+  w.Uint(kBlockNumber, row.block_number());
+  w.Uint(kLogIndex, row.log_index());
+  w.HexField(kBlockHash, row.block_hash(), &verbatim);
+  w.HexField(kAddress, row.address(), &verbatim);
   // Topics are all stored as bytes, or all as text. Repeated: every entry is written,
   // empty or not, so that the count survives.
-  const size_t topics_at = out->size();
+  char* const topics_at = w.position();
   for (const std::string& t : row.topics()) {
-    if (!AppendHexAsBytes(kTopics, t, /*omit_empty=*/false, out)) {
-      out->resize(topics_at);
+    if (!w.HexAsBytes(kTopics, t, /*omit_empty=*/false)) {
+      w.Rewind(topics_at);
       verbatim |= TextBit(kTopics);
-      for (const std::string& text : row.topics()) AppendBytes(kTopics, text, out);
+      for (const std::string& text : row.topics()) w.Bytes(kTopics, text);
       break;
     }
   }
-  AppendHexField(kData, row.data(), &verbatim, out);
-  AppendHexField(kTransactionHash, row.transaction_hash(), &verbatim, out);
-  AppendUint(kTransactionIndex, row.transaction_index(), out);
-  AppendUint(kVerbatim, verbatim, out);
+  w.HexField(kData, row.data(), &verbatim);
+  w.HexField(kTransactionHash, row.transaction_hash(), &verbatim);
+  w.Uint(kTransactionIndex, row.transaction_index());
+  w.Uint(kVerbatim, verbatim);
+  out->resize(static_cast<size_t>(w.position() - out->data()));
 }
 
 std::string EncodeRow(const handoff::v1::EventRow& row) {

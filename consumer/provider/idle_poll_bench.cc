@@ -16,6 +16,7 @@
 #include <string>
 
 #include "absl/time/clock.h"
+#include "consumer/provider/curl_session.h"
 #include "consumer/provider/http_provider.h"
 #include "sim/provider_sim.h"
 
@@ -40,6 +41,8 @@ int Main(int argc, char** argv) {
   options.chain = "sim";
   options.source = "s";
   options.filter = "f";
+  // As in handoffd: every provider's polls lease sessions from one pool.
+  options.session_pool = std::make_shared<CurlSessionPool>(16);
   std::vector<std::unique_ptr<HttpProvider>> all;
   std::string cursor = "latest";
   for (int p = 0; p < providers; ++p) {

@@ -23,7 +23,11 @@ void RowPool::Give(std::vector<handoff::v1::EventRow> rows) {
     absl::MutexLock lock(&mu_);
     if (held_.size() >= max_vectors_) return;  // `rows` is freed on return
   }
-  for (handoff::v1::EventRow& row : rows) row.Clear();
+  // Fields this build does not know (a row decoded from a newer writer's value) would
+  // survive an overwrite of the known ones.
+  for (handoff::v1::EventRow& row : rows) {
+    if (!row.GetReflection()->GetUnknownFields(row).empty()) row.Clear();
+  }
   absl::MutexLock lock(&mu_);
   if (held_.size() < max_vectors_) held_.push_back(std::move(rows));
 }

@@ -3,12 +3,16 @@
 // A parsed 1000-event page is ~8,000 heap blocks: every EventRow holds its hashes,
 // address, topics and data as separate strings. Allocating them while parsing and
 // freeing them after the commit was ~20 % of the fetching thread's CPU and most of the
-// deleter thread's (perf, bench scenario 1). A cleared EventRow keeps its strings'
-// capacity (protobuf's Clear), so a parser that fills recycled rows allocates almost
-// nothing once the pool is warm.
+// deleter thread's (perf, bench scenario 1). A recycled EventRow keeps its strings'
+// capacity, so a parser that fills recycled rows allocates almost nothing once the pool
+// is warm. Rows are not cleared on the way in: clearing touched every string of every
+// row once more (~1 MB per 1000-event page, ~6 % of the CPU of an ingest), on a core
+// whose memory traffic slows the commit beside it; the one user overwrites them anyway.
 //
 // Invariants:
-//  - Rows handed out by Take() are cleared (equal to a default EventRow).
+//  - Rows handed out by Take() keep the values of their last use, and no unknown
+//    fields: whoever fills one sets every field and clears `topics` first (the page
+//    parser does: every EventRow field is required on the wire).
 //  - At most `max_vectors` vectors are held; Give() on a full pool frees the rows, so
 //    the pool's memory is bounded by max_vectors pages of rows.
 //
@@ -35,7 +39,7 @@ class RowPool {
   // scenario 2); 32 keeps most of that and bounds the idle memory at ~26 MB.
   static RowPool& Default();
 
-  // Cleared rows to fill (any number, possibly none).
+  // Used rows to overwrite (any number, possibly none); see the invariants above.
   std::vector<handoff::v1::EventRow> Take() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Clears `rows` (on the calling thread) and keeps them if there is room.

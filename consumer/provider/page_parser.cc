@@ -252,6 +252,7 @@ constexpr struct {
 };
 
 absl::Status ReadItem(dom::element v, int64_t index, handoff::v1::EventRow* row) {
+  row->clear_topics();  // a recycled row keeps its last values until overwritten
   dom::object obj;
   if (v.get_object().get(obj) != simdjson::SUCCESS) {
     return FieldError(Path{nullptr, index}, "expected log object");
@@ -404,7 +405,9 @@ absl::Status ReadPage(dom::element doc, Page* page) {
       if (f.value.get_array().get(items) != simdjson::SUCCESS) {
         s = FieldError(Path{"items"}, "expected array of logs");
       } else {
-        // Rows of finished pages, cleared: filling them reuses their strings' memory.
+        // Rows of finished pages: filling them reuses their strings' memory. ReadItem
+        // sets every field of a row it accepts (all are required), after clearing
+        // `topics` (RowPool's contract).
         std::vector<handoff::v1::EventRow> rows = RowPool::Default().Take();
         rows.reserve(items.size());
         size_t used = 0;

@@ -4,17 +4,18 @@
 
 namespace handoff::consumer {
 
-void EncodeItems(Page* page) {
+void ReserveEncodedItems(size_t items, Page* page) {
   page->row_ends.clear();
-  page->row_ends.reserve(page->items.size());
+  page->row_ends.reserve(items);
   page->row_bytes.clear();
   // A stored row is about half its wire text; reserving that keeps this to one or two
   // allocations per page.
-  page->row_bytes.reserve(page->wire_bytes / 2 + 64 * page->items.size());
-  for (const handoff::v1::EventRow& row : page->items) {
-    store::AppendEncodedRow(row, &page->row_bytes);
-    page->row_ends.push_back(page->row_bytes.size());
-  }
+  page->row_bytes.reserve(page->wire_bytes / 2 + 64 * items);
+}
+
+void AppendEncodedItem(const handoff::v1::EventRow& row, Page* page) {
+  store::AppendEncodedRow(row, &page->row_bytes);
+  page->row_ends.push_back(page->row_bytes.size());
 }
 
 }  // namespace handoff::consumer

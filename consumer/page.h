@@ -55,8 +55,11 @@ struct Page {
   bool has_encoded_items() const { return !items.empty() && row_ends.size() == items.size(); }
 };
 
-// Fills page->row_bytes/row_ends from page->items.
-void EncodeItems(Page* page);
+// Reserves page->row_bytes for `items` items of a page of page->wire_bytes.
+void ReserveEncodedItems(size_t items, Page* page);
+// Appends `row`, the page's next item, to page->row_bytes/row_ends. The parser calls it
+// right after filling the row, while the row is still in the core's cache.
+void AppendEncodedItem(const handoff::v1::EventRow& row, Page* page);
 
 inline Position PositionOf(const handoff::v1::EventRow& row) {
   return Position{row.block_number(), row.log_index()};

@@ -410,12 +410,20 @@ absl::Status ReadPage(dom::element doc, Page* page) {
         // `topics` (RowPool's contract).
         std::vector<handoff::v1::EventRow> rows = RowPool::Default().Take();
         rows.reserve(items.size());
+        ReserveEncodedItems(items.size(), page);
         size_t used = 0;
         for (dom::element item : items) {
           if (used == rows.size()) rows.emplace_back();
           s = ReadItem(item, static_cast<int64_t>(used), &rows[used]);
+          if (!s.ok()) {
+            ++used;
+            break;
+          }
+          // Encoded on this (the fetching) thread, so the commit path only copies bytes,
+          // and now, while the row is in this core's cache: a second pass over the
+          // page's rows later would read ~0.6 MB back from memory beside the commit.
+          AppendEncodedItem(rows[used], page);
           ++used;
-          if (!s.ok()) break;
         }
         rows.resize(used);
         page->items = std::move(rows);
@@ -450,11 +458,9 @@ struct PageParser::Impl {
       return JsonError(Path{}, e);
     }
     Page page;
+    page.wire_bytes = buffer.size();
     absl::Status s = ReadPage(doc, &page);
     if (!s.ok()) return s;
-    page.wire_bytes = buffer.size();
-    // Serialized here, on the fetching thread, so the commit path only copies bytes.
-    EncodeItems(&page);
     return page;
   }
 };

@@ -408,7 +408,9 @@ absl::Status ReadPage(dom::element doc, Page* page) {
         // Rows of finished pages: filling them reuses their strings' memory. ReadItem
         // sets every field of a row it accepts (all are required), after clearing
         // `topics` (RowPool's contract).
-        std::vector<handoff::v1::EventRow> rows = RowPool::Default().Take();
+        // (An empty page takes none: it would free a pooled page's rows.)
+        std::vector<handoff::v1::EventRow> rows;
+        if (items.size() > 0) rows = RowPool::Default().Take();
         rows.reserve(items.size());
         ReserveEncodedItems(items.size(), page);
         size_t used = 0;

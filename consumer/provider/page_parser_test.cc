@@ -92,6 +92,17 @@ TEST(PageParserTest, RecycledRowsCarryNothingOver) {
   }
 }
 
+// An empty page (every idle poll) leaves the pooled rows for the next page with events.
+TEST(PageParserTest, EmptyPageLeavesThePooledRows) {
+  RowPool::Default().Give(std::vector<handoff::v1::EventRow>(3));
+  const size_t held = RowPool::Default().held();
+  ASSERT_GE(held, 1u);
+  absl::StatusOr<Page> page = ParsePage(PageJson(""));
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_TRUE(page->items.empty());
+  EXPECT_EQ(RowPool::Default().held(), held);
+}
+
 TEST(PageParserTest, ReusedParserAndOwnedBuffer) {
   PageParser parser;
   for (int i = 0; i < 3; ++i) {

@@ -295,7 +295,7 @@ absl::Status WriteReport(const Results& res, const std::string& out_dir) {
         "events ingested: a worker holds one page being committed (polling) or up to "
         "`sse_buffered_pages` (2) more (SSE) plus the prefetched next page (polling), each "
         "with its encoded rows; at most 4 finished pages wait for the deleter thread and "
-        "the RowPool keeps at most 32 pages of cleared rows "
+        "the RowPool keeps at most 32 pages of recycled rows "
         "(process-wide); RocksDB's memtables are bounded (write_buffer_size x "
         "max_write_buffer_number per column family) and its block cache is fixed.\n\n",
         fit.a, fit.b, fit.c * 1024));

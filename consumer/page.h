@@ -53,6 +53,12 @@ struct Page {
     return absl::string_view(row_bytes).substr(begin, row_ends[i] - begin);
   }
   bool has_encoded_items() const { return !items.empty() && row_ends.size() == items.size(); }
+
+  // The contract's "nothing new yet": an empty page whose `next` is the cursor it was
+  // asked with. Applying it is a no-op; the consumer waits before asking again.
+  bool NothingNewAfter(absl::string_view request_cursor) const {
+    return items.empty() && next == request_cursor;
+  }
 };
 
 // Reserves page->row_bytes for `items` items of a page of page->wire_bytes.

@@ -54,9 +54,8 @@ std::optional<std::pair<Position, Position>> PageRange(const Page& page) {
 PageVerdict ValidatePage(const Page& page, const std::string& request_cursor,
                          const store::CheckpointRecord& cp, const ReceiptLedger& ledger) {
   PageVerdict v;
-  if (page.items.empty()) {
-    if (page.next == request_cursor) v.nothing_new = true;
-  } else if (page.next == request_cursor) {
+  v.nothing_new = page.NothingNewAfter(request_cursor);
+  if (!page.items.empty() && page.next == request_cursor) {
     v.violation = absl::StrCat("the cursor did not advance on a page with ", page.items.size(),
                                " items (from block ", page.from, ")");
     return v;

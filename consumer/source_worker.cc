@@ -427,8 +427,8 @@ void SourceWorker::IngestLoop() {
     }
     auto attempt = std::make_unique<PageAttempt>(MakeConfig(store::Stage::kIngest),
                                                  *std::move(cp), *std::move(fetched.page));
-    const bool nothing_new = attempt->page().items.empty() &&
-                             attempt->page().next == attempt->checkpoint().resume_cursor();
+    const bool nothing_new =
+        attempt->page().NothingNewAfter(attempt->checkpoint().resume_cursor());
     if (idle && !nothing_new) {
       SetState(handoff::v1::SOURCE_STATE_RUNNING, "");
       idle = false;

@@ -338,12 +338,10 @@ absl::Status Store::DeleteSource(absl::string_view id) {
   // an attempt of the deleted one may still hold.
   ASSIGN_OR_RETURN(uint64_t floor, NextVersionLocked(id));
   batch.Put(cfs_.meta, VersionFloorKey(id), std::to_string(floor));
-  const std::string prefix = keys::SourcePrefix(id);
-  const std::string end = keys::PrefixSuccessor(prefix);
-  for (rocksdb::ColumnFamilyHandle* cf : {cfs_.checkpoints, cfs_.receipts, cfs_.quarantine,
-                                          cfs_.holds, cfs_.rows, cfs_.outbox}) {
-    RETURN_IF_ERROR(DeleteRangeIfAny(cf, prefix, end, &batch));
-  }
+  RETURN_IF_ERROR(DeleteKeysOf(id,
+                               {cfs_.checkpoints, cfs_.receipts, cfs_.quarantine, cfs_.holds,
+                                cfs_.rows, cfs_.outbox},
+                               &batch));
   batch.Delete(cfs_.sources, keys::Source(id));
   return Write(&batch, absl::StrCat("delete source ", id));
 }
@@ -388,12 +386,8 @@ absl::Status Store::ResetSource(absl::string_view id, const CheckpointRecord& in
                                 const std::optional<CheckpointRecord>& delivery) {
   absl::MutexLock lock(SourceLock(id));
   rocksdb::WriteBatch batch;
-  const std::string prefix = keys::SourcePrefix(id);
-  const std::string end = keys::PrefixSuccessor(prefix);
-  for (rocksdb::ColumnFamilyHandle* cf :
-       {cfs_.receipts, cfs_.quarantine, cfs_.holds, cfs_.rows, cfs_.outbox}) {
-    RETURN_IF_ERROR(DeleteRangeIfAny(cf, prefix, end, &batch));
-  }
+  RETURN_IF_ERROR(DeleteKeysOf(
+      id, {cfs_.receipts, cfs_.quarantine, cfs_.holds, cfs_.rows, cfs_.outbox}, &batch));
   // Both stages continue above the highest version either stage (or a deleted source of
   // the same id) ever had.
   ASSIGN_OR_RETURN(uint64_t floor, NextVersionLocked(id));
@@ -536,15 +530,21 @@ std::unique_ptr<Store::Snapshot> Store::NewSnapshot() const {
   return std::unique_ptr<Snapshot>(new Snapshot(db_.get()));
 }
 
-absl::Status Store::DeleteRangeIfAny(rocksdb::ColumnFamilyHandle* cf, const std::string& begin,
-                                     const std::string& end, rocksdb::WriteBatch* batch) const {
+absl::Status Store::DeleteKeysOf(absl::string_view id,
+                                 std::initializer_list<rocksdb::ColumnFamilyHandle*> families,
+                                 rocksdb::WriteBatch* batch) const {
+  const std::string prefix = keys::SourcePrefix(id);
+  const std::string end = keys::PrefixSuccessor(prefix);
   rocksdb::ReadOptions ro;
   rocksdb::Slice upper(end);
   ro.iterate_upper_bound = &upper;
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cf));
-  it->Seek(begin);
-  if (it->Valid()) batch->DeleteRange(cf, begin, end);
-  return FromRocks(it->status(), "scan before a range deletion");
+  for (rocksdb::ColumnFamilyHandle* cf : families) {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cf));
+    it->Seek(prefix);
+    if (it->Valid()) batch->DeleteRange(cf, prefix, end);
+    RETURN_IF_ERROR(FromRocks(it->status(), "scan before a range deletion"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Store::ScanRange(

@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -245,12 +246,14 @@ class Store {
   // versions and the floor a DeleteSource of `id` left. REQUIRES: SourceLock(id) held.
   absl::StatusOr<uint64_t> NextVersionLocked(absl::string_view id);
   rocksdb::ColumnFamilyHandle* Family(StagedFamily family) const;
-  // Adds to `batch` a range deletion of [begin, end) in `cf`, only if the range holds a
-  // key: a range tombstone in a file of the bottommost level makes RocksDB rewrite the
-  // whole file to drop it ("BottommostFiles" compaction), so creating a source (whose
-  // ranges are empty) must not leave one in every memtable it shares with ingest.
-  absl::Status DeleteRangeIfAny(rocksdb::ColumnFamilyHandle* cf, const std::string& begin,
-                                const std::string& end, rocksdb::WriteBatch* batch) const;
+  // Adds to `batch` a range deletion of every key of source `id` in each of `families`
+  // that holds one: a range tombstone in a file of the bottommost level makes RocksDB
+  // rewrite the whole file to drop it ("BottommostFiles" compaction), so creating a
+  // source (whose ranges are empty) must not leave one in every memtable it shares with
+  // ingest. REQUIRES: SourceLock(id) held (no write of `id` between scan and write).
+  absl::Status DeleteKeysOf(absl::string_view id,
+                            std::initializer_list<rocksdb::ColumnFamilyHandle*> families,
+                            rocksdb::WriteBatch* batch) const;
   absl::Status ScanRange(rocksdb::ColumnFamilyHandle* cf, const std::string& begin,
                          const std::string& end_inclusive,
                          const std::function<bool(absl::string_view, absl::string_view)>& fn,

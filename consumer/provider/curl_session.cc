@@ -130,10 +130,6 @@ CurlSession::Result CurlSession::Run(const Request& request, Handler* handler,
       result.error = "a response header is larger than libcurl accepts (100 KiB)";
     }
   }
-  long connects = 0;
-  if (curl_easy_getinfo(easy_, CURLINFO_NUM_CONNECTS, &connects) == CURLE_OK) {
-    result.new_connection = connects > 0;
-  }
   // Removing an unfinished transfer closes its connection; a finished one is kept.
   curl_multi_remove_handle(multi_, easy_);
   curl_easy_setopt(easy_, CURLOPT_ERRORBUFFER, nullptr);

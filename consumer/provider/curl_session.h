@@ -78,7 +78,6 @@ class CurlSession {
     bool idle_timeout = false;
     bool deadline_exceeded = false;  // total_timeout
     bool headers_done = false;
-    bool new_connection = false;     // the request opened a connection (none was reused)
   };
 
   CurlSession();

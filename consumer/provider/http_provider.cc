@@ -396,9 +396,7 @@ FetchResult HttpProvider::PollOnce(const std::string& cursor, const std::atomic<
   // A source that got a page with news asks again at once: it keeps its session and
   // connection. One that is caught up or refused waits first: its session goes back to
   // the pool, for whichever source polls next.
-  const bool asks_again_now =
-      result.page.has_value() && (!result.page->items.empty() || result.page->next != cursor);
-  if (asks_again_now) {
+  if (result.page.has_value() && !result.page->NothingNewAfter(cursor)) {
     held_session_ = std::move(session);
   } else {
     pool_->Give(std::move(session));

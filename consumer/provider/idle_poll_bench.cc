@@ -53,7 +53,7 @@ int Main(int argc, char** argv) {
   for (int i = 0; i < 100; ++i) {  // follow `next` to the tip
     FetchResult r = all[0]->Fetch(cursor);
     if (!r.page.has_value()) return 1;
-    if (r.page->items.empty() && r.page->next == cursor) break;
+    if (r.page->NothingNewAfter(cursor)) break;
     cursor = r.page->next;
   }
   const int kPolls = std::max(5000, 2 * providers);

@@ -407,8 +407,8 @@ absl::Status ReadPage(dom::element doc, Page* page) {
       } else {
         // Rows of finished pages: filling them reuses their strings' memory. ReadItem
         // sets every field of a row it accepts (all are required), after clearing
-        // `topics` (RowPool's contract).
-        // (An empty page takes none: it would free a pooled page's rows.)
+        // `topics` (RowPool's contract). An empty page takes none: it would free a
+        // pooled page's rows.
         std::vector<handoff::v1::EventRow> rows;
         if (items.size() > 0) rows = RowPool::Default().Take();
         rows.reserve(items.size());
@@ -417,10 +417,7 @@ absl::Status ReadPage(dom::element doc, Page* page) {
         for (dom::element item : items) {
           if (used == rows.size()) rows.emplace_back();
           s = ReadItem(item, static_cast<int64_t>(used), &rows[used]);
-          if (!s.ok()) {
-            ++used;
-            break;
-          }
+          if (!s.ok()) break;  // the page is refused
           // Encoded on this (the fetching) thread, so the commit path only copies bytes,
           // and now, while the row is in this core's cache: a second pass over the
           // page's rows later would read ~0.6 MB back from memory beside the commit.

@@ -177,7 +177,9 @@ class StorageFaultTest : public ::testing::TestWithParam<FaultCase> {
   std::unique_ptr<consumer::SourceManager> manager_;
 };
 
-Position AppliedOf(const handoff::v1::Checkpoint& cp) {
+// The reported (handoff::v1::Checkpoint) and the stored (store::CheckpointRecord) forms.
+template <typename CheckpointT>
+Position AppliedOf(const CheckpointT& cp) {
   return Position{cp.applied_block(), cp.applied_log_index()};
 }
 
@@ -247,17 +249,22 @@ TEST_P(StorageFaultTest, WorkersHaltNothingAdvancesAndEverySourceResumesAfterRes
           store_->LoadCheckpoint(id, store::Stage::kIngest);
       ASSERT_TRUE(cp.ok()) << cp.status();
       const handoff::v1::Checkpoint& r = reported[id];
-      EXPECT_EQ(cp->version(), r.checkpoint_version()) << id << ": checkpoint moved";
-      EXPECT_EQ(cp->resume_cursor(), r.resume_cursor()) << id;
-      EXPECT_EQ(cp->applied_block(), r.applied_block()) << id;
-      EXPECT_EQ(cp->applied_log_index(), r.applied_log_index()) << id;
-      // Rows below the durable applied position are complete and canonical.
-      std::map<Position, std::string> rows = Rows(id);
-      std::map<Position, std::string> below;
-      for (const auto& [pos, hash] : rows) {
-        if (!(AppliedOf(r) < pos)) below[pos] = hash;
+      // The step whose write failed has an unknown outcome (store.h, CommitStep): a
+      // full disk can fail the WAL's fsync after its append reached the file, and the
+      // reopen then replays that record. So the durable checkpoint is the reported one
+      // or that one step after it, never anything further, and never part of a step.
+      const bool unchanged = cp->version() == r.checkpoint_version() &&
+                             cp->resume_cursor() == r.resume_cursor() &&
+                             AppliedOf(*cp) == AppliedOf(r);
+      if (!unchanged) {
+        EXPECT_FALSE(fault_case.power_loss) << id << ": an unsynced step survived power loss";
+        EXPECT_LE(cp->version(), r.checkpoint_version() + 1) << id << ": checkpoint moved";
+        EXPECT_GE(cp->version(), r.checkpoint_version()) << id;
+        EXPECT_FALSE(AppliedOf(*cp) < AppliedOf(r)) << id;
       }
-      EXPECT_EQ(below, Canonical(AppliedOf(r))) << id;
+      // The rows are exactly the canonical chain up to the durable applied position:
+      // the failed step is there whole or not at all.
+      EXPECT_EQ(Rows(id), Canonical(AppliedOf(*cp))) << id;
     }
     store_.reset();
   }

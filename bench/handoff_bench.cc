@@ -371,7 +371,8 @@ int RunAll() {
     a.mode = "sched_idle";
     res.raw["admin_sched_idle"] = run.WithSim(a, a.events, 16);
   }
-  if (wanted(7)) {
+  // Scenario 5 takes its per-source fixed cost (T) from the idle probe.
+  if (wanted(7) || wanted(5)) {
     ProbeArgs a;
     a.probe = "idle";
     a.sources = z.idle_sources;

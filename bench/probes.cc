@@ -26,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "consumer/memory_bound.h"
 #include "consumer/observer.h"
 #include "consumer/source_manager.h"
 #include "grpcpp/grpcpp.h"
@@ -58,6 +59,14 @@ double CpuSeconds() {
   getrusage(RUSAGE_SELF, &ru);
   return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
          (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+// Resident memory of this process now, in MB (/proc/self/statm).
+double CurrentRssMb() {
+  std::ifstream statm("/proc/self/statm");
+  size_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return static_cast<double>(resident) * sysconf(_SC_PAGESIZE) / (1 << 20);
 }
 
 // Counts committed events per source (every durable step reports here) and notices halts.
@@ -150,6 +159,8 @@ class CountingObserver : public consumer::EngineObserver {
 // handoffd's production factories, minus API keys (the simulator runs without a token).
 // Fetches made by every worker of the probe (the idle scenario reports polls/s).
 std::atomic<int64_t> g_fetches{0};
+// The largest page body any worker of the probe received (the memory bound's `b`).
+std::atomic<size_t> g_largest_page_bytes{0};
 
 // handoffd's HttpProvider, counting Fetch calls.
 class CountingProvider final : public consumer::Provider {
@@ -158,7 +169,14 @@ class CountingProvider final : public consumer::Provider {
       : inner_(std::move(inner)) {}
   consumer::FetchResult Fetch(const std::string& committed_cursor) override {
     g_fetches.fetch_add(1, std::memory_order_relaxed);
-    return inner_->Fetch(committed_cursor);
+    consumer::FetchResult r = inner_->Fetch(committed_cursor);
+    if (r.page.has_value()) {
+      size_t seen = g_largest_page_bytes.load(std::memory_order_relaxed);
+      while (r.page->wire_bytes > seen &&
+             !g_largest_page_bytes.compare_exchange_weak(seen, r.page->wire_bytes)) {
+      }
+    }
+    return r;
   }
   void Cancel() override { inner_->Cancel(); }
   void Close() override { inner_->Close(); }
@@ -198,6 +216,10 @@ handoff::v1::SourceSpec Spec(const std::string& id, const ProbeArgs& a, const st
 struct Engine {
   std::unique_ptr<store::Store> store;
   std::unique_ptr<consumer::SourceManager> manager;
+  // Resident memory once the store is open and the manager created, before any source.
+  double base_rss_mb = 0;
+  // store::StoreMemoryCeiling of the options the store was opened with.
+  double store_ceiling_mb = 0;
   ~Engine() {
     if (manager != nullptr) manager->Shutdown();
     manager.reset();
@@ -222,7 +244,22 @@ absl::Status StartEngine(const std::string& path, bool sync, consumer::EngineObs
       consumer::SourceManager::Create(std::move(mo));
   if (!m.ok()) return m.status();
   engine->manager = *std::move(m);
+  engine->base_rss_mb = CurrentRssMb();
+  engine->store_ceiling_mb = store::StoreMemoryCeiling(so) / double{1 << 20};
   return absl::OkStatus();
+}
+
+// The terms of the memory bound this probe can state (bench/report.cc adds the
+// per-source fixed cost measured by the idle probe): the process before any source, the
+// storage ceiling and consumer::PageMemoryBound for the largest page received.
+json MemoryTerms(const Engine& engine, const ProbeArgs& a) {
+  consumer::PageMemoryInputs in;
+  (a.transport == "sse" ? in.sse_sources : in.poll_sources) = a.sources;
+  in.largest_page_bytes = g_largest_page_bytes.load();
+  return json{{"base_rss_mb", engine.base_rss_mb},
+              {"store_ceiling_mb", engine.store_ceiling_mb},
+              {"largest_page_bytes", in.largest_page_bytes},
+              {"page_bound_mb", consumer::PageMemoryBound(in) / (1 << 20)}};
 }
 
 // ---- simulator alone: a plain libcurl client following `next`, body discarded ----
@@ -379,7 +416,7 @@ json E2e(const ProbeArgs& a) {
   const std::vector<double> rates = obs.ActiveRates();
   const double rmin = rates.empty() ? 0 : *std::min_element(rates.begin(), rates.end());
   const double rmax = rates.empty() ? 0 : *std::max_element(rates.begin(), rates.end());
-  return json{{"rate_min_eps", rmin},
+  json out{{"rate_min_eps", rmin},
               {"rate_max_eps", rmax},
               {"rate_fairness", rmax > 0 ? rmin / rmax : 0.0},
               {"started_by_half", std::count_if(half.begin(), half.end(),
@@ -396,6 +433,8 @@ json E2e(const ProbeArgs& a) {
               {"per_source_min_eps", mn / half_secs},
               {"per_source_max_eps", mx / half_secs},
               {"fairness", mx > 0 ? static_cast<double>(mn) / mx : 0.0}};
+  out.update(MemoryTerms(engine, a));
+  return out;
 }
 
 // ---- the sample sink called directly: the delivery limit ----
@@ -856,12 +895,14 @@ json Idle(const ProbeArgs& a) {
   const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
   const double cpu = CpuSeconds() - cpu0;
   const int64_t fetches = g_fetches.load() - fetches0;
-  return json{{"sources", a.sources},
-              {"window_seconds", wall},
-              {"cpu_seconds", cpu},
-              {"core_fraction", cpu / wall},
-              {"polls_per_s", fetches / wall},
-              {"cpu_us_per_poll", fetches > 0 ? cpu * 1e6 / fetches : 0.0}};
+  json out{{"sources", a.sources},
+            {"window_seconds", wall},
+            {"cpu_seconds", cpu},
+            {"core_fraction", cpu / wall},
+            {"polls_per_s", fetches / wall},
+            {"cpu_us_per_poll", fetches > 0 ? cpu * 1e6 / fetches : 0.0}};
+  out.update(MemoryTerms(engine, a));
+  return out;
 }
 
 }  // namespace

@@ -2,10 +2,12 @@
 
 #include <utility>
 
+#include "consumer/memory_bound.h"
+
 namespace handoff::consumer {
 
 RowPool& RowPool::Default() {
-  static RowPool* pool = new RowPool(32);
+  static RowPool* pool = new RowPool(kPooledRowPages);
   return *pool;
 }
 

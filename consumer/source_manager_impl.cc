@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
+#include "consumer/memory_bound.h"
 #include "consumer/spec_validation.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "store/keys.h"
@@ -64,7 +65,7 @@ absl::StatusOr<std::unique_ptr<SourceManager>> SourceManager::Create(
 SourceManagerImpl::SourceManagerImpl(SourceManagerOptions options)
     : options_(std::move(options)),
       store_(options_.store),
-      deleter_(/*max_pending=*/4, options_.worker.thread_nice) {}
+      deleter_(/*max_pending=*/kDeleterPages, options_.worker.thread_nice) {}
 
 SourceManagerImpl::~SourceManagerImpl() { Shutdown(); }
 

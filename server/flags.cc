@@ -19,6 +19,12 @@ ABSL_FLAG(std::string, port_file, "",
           "If set, write `grpc <port>`, `metrics <port>`, `health <port>` lines here once "
           "serving.");
 ABSL_FLAG(std::string, data_dir, "", "Data directory (required); the database is DATA_DIR/db.");
+ABSL_FLAG(int, write_buffer_mb, handoff::store::StoreOptions().write_buffer_bytes >> 20,
+          "RocksDB memtable size (MiB, 4..1024) of the rows, outbox and receipts column "
+          "families; with --block_cache_mb it sets the database's memory ceiling (logged at "
+          "start; README, Memory).");
+ABSL_FLAG(int, block_cache_mb, handoff::store::StoreOptions().block_cache_bytes >> 20,
+          "RocksDB block cache (MiB, 8..65536), shared by every column family.");
 ABSL_FLAG(std::string, metrics_listen, "",
           "Prometheus metrics address host:port (GET /metrics); empty disables metrics.");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate chain; enables TLS with --tls_key.");
@@ -59,6 +65,18 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.health_listen = absl::GetFlag(FLAGS_health_listen);
   options.port_file = absl::GetFlag(FLAGS_port_file);
   options.data_dir = absl::GetFlag(FLAGS_data_dir);
+  const int write_buffer_mb = absl::GetFlag(FLAGS_write_buffer_mb);
+  if (write_buffer_mb < 4 || write_buffer_mb > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--write_buffer_mb=", write_buffer_mb, " is outside 4..1024"));
+  }
+  options.write_buffer_bytes = static_cast<size_t>(write_buffer_mb) << 20;
+  const int block_cache_mb = absl::GetFlag(FLAGS_block_cache_mb);
+  if (block_cache_mb < 8 || block_cache_mb > 65536) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--block_cache_mb=", block_cache_mb, " is outside 8..65536"));
+  }
+  options.block_cache_bytes = static_cast<size_t>(block_cache_mb) << 20;
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);

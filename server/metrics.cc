@@ -104,8 +104,11 @@ void MetricsObserver::OnCorrection(absl::string_view source_id, uint64_t depth) 
 }
 
 ProgressCollector::ProgressCollector(consumer::SourceManager* manager,
-                                     std::function<absl::Status()> store_health)
-    : manager_(manager), store_health_(std::move(store_health)) {}
+                                     std::function<absl::Status()> store_health,
+                                     std::function<StoreMemory()> store_memory)
+    : manager_(manager),
+      store_health_(std::move(store_health)),
+      store_memory_(std::move(store_memory)) {}
 
 std::vector<MetricFamily> ProgressCollector::Collect() const {
   const std::vector<handoff::v1::Progress> all = manager_->AllProgress();
@@ -162,11 +165,25 @@ std::vector<MetricFamily> ProgressCollector::Collect() const {
                                  "1 while the database accepts writes", MetricType::Gauge);
   AddSample(&store, {}, store_health_().ok() ? 1 : 0);
 
-  return {std::move(applied), std::move(replayed),  std::move(ignored),
-          std::move(quarantined), std::move(delivered), std::move(holds),
-          std::move(applied_block), std::move(safe), std::move(finalized),
-          std::move(tip), std::move(lag), std::move(state), std::move(sources),
-          std::move(store)};
+  std::vector<MetricFamily> out = {
+      std::move(applied),       std::move(replayed), std::move(ignored),
+      std::move(quarantined),   std::move(delivered), std::move(holds),
+      std::move(applied_block), std::move(safe),     std::move(finalized),
+      std::move(tip),           std::move(lag),      std::move(state),
+      std::move(sources),       std::move(store)};
+  if (store_memory_) {
+    const StoreMemory memory = store_memory_();
+    MetricFamily memtables = NewFamily("handoff_store_memtable_bytes",
+                                       "Bytes in RocksDB memtables, mutable and immutable",
+                                       MetricType::Gauge);
+    AddSample(&memtables, {}, static_cast<double>(memory.memtable_bytes));
+    MetricFamily cache = NewFamily("handoff_store_block_cache_bytes",
+                                   "Bytes in the RocksDB block cache", MetricType::Gauge);
+    AddSample(&cache, {}, static_cast<double>(memory.block_cache_bytes));
+    out.push_back(std::move(memtables));
+    out.push_back(std::move(cache));
+  }
+  return out;
 }
 
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(

@@ -7,7 +7,8 @@
 //  * ProgressCollector is read on every scrape from SourceManager::AllProgress(): the
 //    durable per-source counters (events applied, replayed, ignored, quarantined,
 //    delivered), open holds, the applied position, safe/finalized marks, tip, lag and the
-//    worker state (one 0/1 series per state), plus the store's health.
+//    worker state (one 0/1 series per state), plus the store's health and memory
+//    (memtables, block cache: what store::StoreMemoryCeiling caps).
 // Every per-source series carries the label source="<id>". Nothing secret is exported.
 //
 // Thread-safe (prometheus-cpp metrics are; the collector only reads the core).
@@ -56,15 +57,23 @@ class MetricsObserver final : public consumer::EngineObserver {
 
 class ProgressCollector final : public prometheus::Collectable {
  public:
+  // What the database holds in memory (store::Store::memory_usage()).
+  struct StoreMemory {
+    uint64_t memtable_bytes = 0;
+    uint64_t block_cache_bytes = 0;
+  };
+
   // `manager` is not owned and outlives every Collect() call (the exposer is stopped
-  // before the manager is destroyed).
-  ProgressCollector(consumer::SourceManager* manager, std::function<absl::Status()> store_health);
+  // before the manager is destroyed). Without `store_memory` no memory gauges are served.
+  ProgressCollector(consumer::SourceManager* manager, std::function<absl::Status()> store_health,
+                    std::function<StoreMemory()> store_memory = nullptr);
 
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
   consumer::SourceManager* const manager_;
   const std::function<absl::Status()> store_health_;
+  const std::function<StoreMemory()> store_memory_;
 };
 
 // The HTTP endpoint (/metrics) serving `collectables`. `listen` is "host:port"; port 0

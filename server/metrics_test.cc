@@ -61,7 +61,9 @@ TEST(ProgressCollectorTest, ExportsDurableFiguresPerSource) {
   p.set_lag_blocks(10);
   ASSERT_TRUE(manager.SetProgress(p).ok());
 
-  ProgressCollector collector(&manager, [] { return absl::OkStatus(); });
+  ProgressCollector collector(&manager, [] { return absl::OkStatus(); }, [] {
+    return ProgressCollector::StoreMemory{.memtable_bytes = 5 << 20, .block_cache_bytes = 7000};
+  });
   const std::string text = Scrape(collector);
   for (const char* expected : {
            "handoff_events_applied_total{source=\"src\"} 42",
@@ -78,6 +80,8 @@ TEST(ProgressCollectorTest, ExportsDurableFiguresPerSource) {
            "handoff_source_state{source=\"src\",state=\"SOURCE_STATE_RUNNING\"} 0",
            "handoff_sources 1",
            "handoff_store_healthy 1",
+           "handoff_store_memtable_bytes 5242880",
+           "handoff_store_block_cache_bytes 7000",
        }) {
     EXPECT_NE(text.find(expected), std::string::npos) << expected << "\n" << text;
   }

@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "consumer/source_manager.h"
 #include "server/logging.h"
+#include "store/store.h"
 
 namespace handoff::server {
 
@@ -36,6 +37,10 @@ struct ServerOptions {
   // ---- Storage ----
   // The RocksDB database lives in <data_dir>/db.
   std::string data_dir;
+  // Memtable size of the per-event column families and the block cache: with them,
+  // store::StoreMemoryCeiling is the database's share of the memory bound (README).
+  size_t write_buffer_bytes = store::StoreOptions().write_buffer_bytes;
+  size_t block_cache_bytes = store::StoreOptions().block_cache_bytes;
 
   // ---- Security ----
   // PEM files. Both or neither of cert and key; client_ca (mTLS) requires them.

@@ -128,7 +128,13 @@ absl::Status Server::Build() {
   }
   store::StoreOptions store_options;
   store_options.path = options_.data_dir + "/db";
+  store_options.write_buffer_bytes = options_.write_buffer_bytes;
+  store_options.block_cache_bytes = options_.block_cache_bytes;
   ASSIGN_OR_RETURN(store_, store::Store::Open(store_options));
+  logger_->Info("database open",
+                {{"path", store_options.path},
+                 {"memory_ceiling_mib",
+                  absl::StrCat(store::StoreMemoryCeiling(store_options) >> 20)}});
 
   registry_ = std::make_shared<prometheus::Registry>();
   metrics_observer_ = std::make_unique<MetricsObserver>(registry_.get());
@@ -163,7 +169,11 @@ absl::Status Server::Build() {
   health_->Start();
 
   if (!options_.metrics_listen.empty()) {
-    progress_collector_ = std::make_shared<ProgressCollector>(manager_.get(), store_health);
+    progress_collector_ = std::make_shared<ProgressCollector>(
+        manager_.get(), store_health, [store] {
+          const store::Store::MemoryUsage usage = store->memory_usage();
+          return ProgressCollector::StoreMemory{usage.memtable_bytes, usage.block_cache_bytes};
+        });
     ASSIGN_OR_RETURN(metrics_, MetricsEndpoint::Start(options_.metrics_listen,
                                                       {registry_, progress_collector_}));
   }

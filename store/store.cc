@@ -3,6 +3,7 @@
 #include <openssl/sha.h>
 #include <sys/statvfs.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -35,15 +36,26 @@ const char* const kFamilyNames[] = {
 };
 constexpr int kFamilyCount = sizeof(kFamilyNames) / sizeof(kFamilyNames[0]);
 
+// The families written once per event; the others take a few records per page.
+bool IsPerEventFamily(absl::string_view name) {
+  return name == "rows" || name == "receipts" || name == "outbox";
+}
+
+size_t WriteBufferBytes(const StoreOptions& options, absl::string_view family) {
+  return IsPerEventFamily(family) ? options.write_buffer_bytes
+                                  : std::min(options.write_buffer_bytes, kSmallWriteBufferBytes);
+}
+
 rocksdb::ColumnFamilyOptions FamilyOptions(const StoreOptions& options,
                                            const std::shared_ptr<rocksdb::Cache>& cache,
-                                           bool point_lookups) {
+                                           absl::string_view family) {
   rocksdb::ColumnFamilyOptions cf;
-  cf.write_buffer_size = options.write_buffer_bytes;
-  cf.max_write_buffer_number = 4;
+  const size_t write_buffer = WriteBufferBytes(options, family);
+  cf.write_buffer_size = write_buffer;
+  cf.max_write_buffer_number = std::max(2, options.max_write_buffers);
   cf.min_write_buffer_number_to_merge = 1;
   // L1 holds about what L0 holds when it compacts (4 memtables' worth).
-  cf.max_bytes_for_level_base = 4 * options.write_buffer_bytes;
+  cf.max_bytes_for_level_base = 4 * write_buffer;
   // Rows are mostly hex text that compresses about 2x. Ingest is CPU-bound on small
   // machines (bench/REPORT.md, History), and with ZSTD on the bottommost level every
   // early compaction (L1 is the bottommost level of a young database) cost about half
@@ -58,7 +70,7 @@ rocksdb::ColumnFamilyOptions FamilyOptions(const StoreOptions& options,
   cf.bottommost_compression = rocksdb::kDisableCompressionOption;  // per level, above
   rocksdb::BlockBasedTableOptions table;
   table.block_cache = cache;
-  if (point_lookups) {
+  if (IsPerEventFamily(family)) {
     // Receipt and row lookups by position: a bloom filter turns a miss into ~3 us.
     table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10, false));
     table.whole_key_filtering = true;
@@ -121,12 +133,24 @@ RocksOptions StoreRocksOptions(const StoreOptions& options) {
   db_options.max_bgerror_resume_count = 0;
   if (options.env != nullptr) db_options.env = options.env;
   auto cache = rocksdb::NewLRUCache(options.block_cache_bytes);
-  for (int i = 0; i < kFamilyCount; ++i) {
-    std::string name = kFamilyNames[i];
-    bool point = name == "rows" || name == "receipts" || name == "outbox";
-    out.families.emplace_back(name, FamilyOptions(options, cache, point));
+  for (const char* name : kFamilyNames) {
+    out.families.emplace_back(name, FamilyOptions(options, cache, name));
   }
   return out;
+}
+
+size_t StoreMemoryCeiling(const StoreOptions& options) {
+  constexpr size_t kWriteGroupBytes = 1 << 20;
+  size_t memtables = 0;
+  for (const char* name : kFamilyNames) {
+    const size_t write_buffer = WriteBufferBytes(options, name);
+    // A memtable is switched once its arena passes the write buffer, so it can hold up
+    // to an arena block (an eighth) more, plus the write group that crossed the line
+    // (RocksDB's max_write_batch_group_size_bytes, 1 MiB, or one larger batch).
+    memtables += static_cast<size_t>(std::max(2, options.max_write_buffers)) *
+                 (write_buffer + write_buffer / 8 + kWriteGroupBytes);
+  }
+  return memtables + options.block_cache_bytes;
 }
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) {
@@ -247,6 +271,15 @@ absl::Mutex* Store::SourceLock(absl::string_view id) {
   auto& slot = locks_[id];
   if (slot == nullptr) slot = std::make_unique<absl::Mutex>();
   return slot.get();
+}
+
+Store::MemoryUsage Store::memory_usage() const {
+  MemoryUsage usage;
+  db_->GetAggregatedIntProperty(rocksdb::DB::Properties::kSizeAllMemTables,
+                                &usage.memtable_bytes);
+  db_->GetIntProperty(cfs_.rows, rocksdb::DB::Properties::kBlockCacheUsage,
+                      &usage.block_cache_bytes);
+  return usage;
 }
 
 absl::Status Store::health() const {

@@ -70,15 +70,30 @@ struct StoreOptions {
   bool sync = true;
   // Tests inject faults through an Env wrapping a FileSystem (fault_injection_fs.h).
   rocksdb::Env* env = nullptr;
-  // Memtable size per column family (bigger means fewer flushes while ingesting).
+  // Memtable size of the families written once per event (rows, outbox, receipts);
+  // bigger means fewer flushes while ingesting. The other families take a few records
+  // per page and get kSmallWriteBufferBytes (or this, if smaller).
   size_t write_buffer_bytes = 64 << 20;
-  // Block cache shared by all column families.
+  // Memtables a family may hold: one filling, the rest immutable and waiting for their
+  // flush. A family that has this many stops taking writes until a flush completes
+  // (RocksDB's write stall), so a disk that falls behind slows ingest instead of growing
+  // memory. Two keeps one flush in flight while the next memtable fills.
+  int max_write_buffers = 2;
+  // Block cache shared by all column families (index and filter blocks included).
   size_t block_cache_bytes = 64 << 20;
   // Free space kept in reserve on the data filesystem: a write that would leave less
   // (min(this, a quarter of the filesystem)) is refused as a storage failure before
   // RocksDB meets ENOSPC, which Debian's assertion-enabled librocksdb cannot survive.
   uint64_t min_free_disk_bytes = 256ull << 20;
 };
+
+inline constexpr size_t kSmallWriteBufferBytes = 4 << 20;
+
+// The most memory the database holds for `options`: every family's memtables at their
+// stop limit (each up to its write buffer, an arena block of an eighth more and the
+// write group that filled it, 1 MiB or one larger step) plus the block cache. The
+// storage term of the process's memory bound (bench/REPORT.md, scenario 5).
+size_t StoreMemoryCeiling(const StoreOptions& options);
 
 // The fence of a write: what the attempt believes the checkpoint is.
 struct Fence {
@@ -227,6 +242,13 @@ class Store {
 
   // Flushes memtables (tests, shutdown).
   absl::Status Flush();
+
+  // What the database holds in memory now; never above StoreMemoryCeiling(options).
+  struct MemoryUsage {
+    uint64_t memtable_bytes = 0;     // all families, mutable and immutable
+    uint64_t block_cache_bytes = 0;  // the shared block cache
+  };
+  MemoryUsage memory_usage() const;
 
  private:
   Store(const StoreOptions& options, rocksdb::DB* db,

@@ -331,6 +331,34 @@ TEST_F(StoreTest, LargeStepIsAllThereAfterReopen) {
   EXPECT_TRUE(hold->has_value());
 }
 
+TEST_F(StoreTest, MemtablesStayUnderTheCeilingWhileWritingFarMore) {
+  constexpr size_t kWriteBuffer = 256 << 10;
+  Open(/*sync=*/false, kWriteBuffer);
+  StoreOptions options;
+  options.write_buffer_bytes = kWriteBuffer;
+  const uint64_t memtable_ceiling = StoreMemoryCeiling(options) - options.block_cache_bytes;
+  Seed("s");
+  uint64_t peak = 0;
+  uint64_t version = 0;
+  // ~36 MB of rows, outbox entries and receipts (a hundred times the write buffer), in
+  // steps of ~60 KB.
+  for (int i = 0; i < 600; ++i) {
+    std::unique_ptr<StepBatch> step = BigStep(store_.get(), "s", 200, 1000 + 50 * i);
+    Fence fence;
+    fence.expected_version = version;
+    fence.barrier = Fence::Barrier{absl::StrCat("c", i), absl::StrCat("c", i + 1)};
+    absl::StatusOr<CheckpointRecord> r =
+        store_->CommitStep(Stage::kIngest, step.get(), fence, CheckpointUpdate{});
+    ASSERT_TRUE(r.ok()) << r.status();
+    version = r->version();
+    const Store::MemoryUsage usage = store_->memory_usage();
+    peak = std::max(peak, usage.memtable_bytes);
+    ASSERT_LE(usage.memtable_bytes, memtable_ceiling) << "after step " << i;
+  }
+  EXPECT_GT(peak, kWriteBuffer) << "the memtables never filled: the bound was not exercised";
+  EXPECT_EQ(CountRows(store_.get(), "s"), 600 * 200);
+}
+
 TEST_F(StoreTest, HighestMarksNeverDecrease) {
   Open();
   Seed("s");

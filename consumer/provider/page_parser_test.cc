@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "consumer/memory_bound.h"
 #include "consumer/row_pool.h"
 #include "gtest/gtest.h"
 #include "store/row_codec.h"
@@ -93,6 +94,54 @@ TEST(PageParserTest, RecycledRowsCarryNothingOver) {
 }
 
 // An empty page (every idle poll) leaves the pooled rows for the next page with events.
+// The heap a parsed page holds, counting each string's heap block with glibc's chunk
+// header (8 bytes, rounded to 16): what the memory bound in bench/REPORT.md charges.
+size_t RowHeapBytes(const Page& page) {
+  size_t bytes = page.items.capacity() * sizeof(handoff::v1::EventRow);
+  for (const handoff::v1::EventRow& row : page.items) {
+    bytes += row.SpaceUsedLong() - sizeof(handoff::v1::EventRow);
+    for (const std::string* s : {&row.address(), &row.block_hash(), &row.transaction_hash(),
+                                 &row.data()}) {
+      if (s->capacity() > 15) bytes += 16;
+    }
+    bytes += 16 * (row.topics_size() + 1);
+  }
+  return bytes;
+}
+
+// The factors of consumer/memory_bound.h: a parsed page holds at most 2 bytes of rows
+// and 1.25 bytes of encoded rows per byte of its body, whatever the items' shape (the
+// smallest legal item is the worst for rows: fixed-size fields, no topics, no data).
+TEST(PageParserTest, PageMemoryIsBoundedByItsWireBytes) {
+  const std::string minimal = absl::StrCat(
+      R"({"address":"0x)", kAddr, R"(","topics":[],"data":"0x","blockNumber":"0x1",)",
+      R"("blockHash":"0x)", kHash, R"(","transactionHash":"0x)", kHash,
+      R"(","transactionIndex":"0x0","logIndex":"0x0","removed":false})");
+  const std::string four_topics = absl::StrReplaceAll(
+      Log("0x4b0", "0x1"),
+      {{"\"],\"data\"", absl::StrCat("\",\"0x", kTopic, "\",\"0x", kTopic, "\"],\"data\"")}});
+  const std::string long_data = absl::StrReplaceAll(
+      Log("0x4b0", "0x1"), {{"0x00ff", absl::StrCat("0x", std::string(4096, 'e'))}});
+  for (const std::string* item : {&minimal, &four_topics, &long_data}) {
+    for (int items : {1, 10, 1000}) {
+      std::string list;
+      for (int i = 0; i < items; ++i) absl::StrAppend(&list, i == 0 ? "" : ",", *item);
+      const std::string json = PageJson(list);
+      absl::StatusOr<Page> page = ParsePage(json);
+      ASSERT_TRUE(page.ok()) << page.status();
+      ASSERT_EQ(page->items.size(), static_cast<size_t>(items));
+      const size_t rows = RowHeapBytes(*page);
+      const size_t encoded = page->row_bytes.capacity() + page->row_ends.capacity() * sizeof(size_t);
+      EXPECT_LE(rows, kRowBytesPerWireByte * json.size())
+          << items << " items like " << item->substr(0, 60);
+      EXPECT_LE(encoded, kEncodedBytesPerWireByte * json.size())
+          << items << " items like " << item->substr(0, 60);
+      RecordProperty(absl::StrCat("rows_per_wire_byte_", items, "_", item->size()),
+                     absl::StrCat(static_cast<double>(rows) / json.size()));
+    }
+  }
+}
+
 TEST(PageParserTest, EmptyPageLeavesThePooledRows) {
   RowPool::Default().Give(std::vector<handoff::v1::EventRow>(3));
   const size_t held = RowPool::Default().held();

@@ -237,12 +237,23 @@ def check_metrics(server, source_id):
         "http://127.0.0.1:%d/metrics" % server.metrics_port, timeout=RPC_TIMEOUT_S).read().decode()
     for expected in (
             "handoff_store_healthy 1",
+            "handoff_store_memtable_bytes ",
+            "handoff_store_block_cache_bytes ",
             'handoff_source_state{source="%s",state="SOURCE_STATE_STOPPED"} 1' % source_id,
             'handoff_events_applied_total{source="%s"} 0' % source_id,
             'handoff_lag_blocks{source="%s"}' % source_id,
             'handoff_open_holds{source="%s"} 0' % source_id):
         assert expected in text, "metrics lack %r:\n%s" % (expected, text)
     log("ok - metrics scraped")
+
+
+def check_storage_flags(binary, workdir, data_dir):
+    for flag, message in (("--write_buffer_mb=2", "--write_buffer_mb=2 is outside 4..1024"),
+                          ("--block_cache_mb=0", "--block_cache_mb=0 is outside 8..65536")):
+        out = subprocess.run([binary, "--data_dir=" + data_dir, "--insecure_disable_auth", flag],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
+        assert out.returncode != 0 and message in out.stdout.decode(), out.stdout.decode()
+    log("ok - storage flags out of range refused at start")
 
 
 def check_json_logs(server):
@@ -257,8 +268,16 @@ def phase_plain(binary, workdir, data_dir):
     from handoff.v1 import consumer_admin_pb2 as admin
     from e2e_health import health_pb2
 
-    server = Handoffd(binary, workdir, "plain", data_dir, ["--insecure_disable_auth"])
+    check_storage_flags(binary, workdir, data_dir)
+    server = Handoffd(binary, workdir, "plain", data_dir,
+                      ["--insecure_disable_auth", "--write_buffer_mb=16", "--block_cache_mb=32"])
     try:
+        # The storage flags reach the database: its memory ceiling (store.h) is
+        # 3 x 2 x (16 + 2 + 1) MiB of per-event memtables, 6 x 2 x (4 + 0.5 + 1) MiB of
+        # small ones and the 32 MiB cache.
+        opened = [json.loads(line) for line in server.log().splitlines()
+                  if '"database open"' in line]
+        assert opened and opened[0].get("memory_ceiling_mib") == "212", server.log()
         client = Client(grpc.insecure_channel(server.target))
         assert client.health_status("") == health_pb2.HealthCheckResponse.SERVING
         assert client.health_status("handoff.v1.ConsumerAdmin") == \

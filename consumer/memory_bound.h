@@ -1,0 +1,66 @@
+// PageMemoryBound: the most memory the ingest path holds for pages, as a formula.
+//
+// Every buffer that grows with a page is listed here with its cap, in bytes per byte of
+// the largest page body a source receives (`b`, at most the provider's max_page_bytes,
+// 64 MiB by default; about 0.7 KB per event for the simulator's logs):
+//
+//   per polling source                       per SSE source
+//   body buffer (string growth)      2 b     stream buffers (line, data, frame)  3 b
+//   simdjson DOM (its allocation:    13.7 b  simdjson DOM                        13.7 b
+//     tape 8, strings 5/3, index 4)
+//   the page being committed and     6.5 b   the page being committed and the    3.25 b
+//     the prefetched one, each rows            buffered ones (sse_buffered_pages)  x (1 + n)
+//     2 b + encoded rows 1.25 b
+//   the step's WriteBatch            1.5 b   the step's WriteBatch               1.5 b
+//
+//   per process: the RowPool's pages of recycled rows (2 b each) and the deleter's queue
+//   of finished pages (3.25 b each).
+//
+// The rows and encoded-rows factors are asserted by page_parser_test
+// (PageMemoryIsBoundedByItsWireBytes) over the smallest legal item, four topics and long
+// data; the DOM's is simdjson's allocation for a document of b bytes (what it touches is
+// less); string growth at most doubles a buffer. What does not grow with pages (threads,
+// libcurl handles, the process itself) and the storage (store::StoreMemoryCeiling) are
+// separate terms of the process bound, stated in bench/REPORT.md (scenario 5).
+#ifndef HANDOFF_CONSUMER_MEMORY_BOUND_H_
+#define HANDOFF_CONSUMER_MEMORY_BOUND_H_
+
+#include <cstddef>
+
+namespace handoff::consumer {
+
+// Bytes of memory per byte of page body, by holder (see the table above).
+inline constexpr double kRowBytesPerWireByte = 2.0;
+inline constexpr double kEncodedBytesPerWireByte = 1.25;
+inline constexpr double kParsedPageBytesPerWireByte =
+    kRowBytesPerWireByte + kEncodedBytesPerWireByte;
+inline constexpr double kDomBytesPerWireByte = 8.0 + 5.0 / 3.0 + 4.0;
+inline constexpr double kStepBatchBytesPerWireByte = 1.5;
+inline constexpr double kPollBodyBytesPerWireByte = 2.0;
+inline constexpr double kSseStreamBytesPerWireByte = 3.0;
+
+// Pages the process-wide holders keep (RowPool::Default(), SourceManager's deleter).
+inline constexpr size_t kPooledRowPages = 32;
+inline constexpr size_t kDeleterPages = 4;
+
+struct PageMemoryInputs {
+  size_t poll_sources = 0;
+  size_t sse_sources = 0;
+  // The largest page body (or SSE frame data) any source receives, in bytes.
+  size_t largest_page_bytes = 0;
+  // HttpProviderOptions::sse_buffered_pages (its default here too).
+  size_t sse_buffered_pages = 2;
+};
+
+// Bytes held per byte of the largest page: by one polling source, by one SSE source
+// buffering `sse_buffered_pages`, and by the process-wide holders.
+double PollSourcePageFactor();
+double SseSourcePageFactor(size_t sse_buffered_pages);
+double ProcessPageFactor();
+
+// The most bytes the ingest path holds for pages with `inputs`.
+double PageMemoryBound(const PageMemoryInputs& inputs);
+
+}  // namespace handoff::consumer
+
+#endif  // HANDOFF_CONSUMER_MEMORY_BOUND_H_

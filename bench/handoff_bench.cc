@@ -9,7 +9,6 @@
 // (a probe, probes.h) runs in a child process of this same binary, so its peak RSS
 // (wait4's ru_maxrss) and CPU time are Handoff's alone. Scenario 5 (memory) is built from
 // the peaks of the ingest children. `--probe=NAME` runs one probe and prints its JSON.
-#include <malloc.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/resource.h>
@@ -249,12 +248,9 @@ int RunAll() {
   // simulator's and sink's threads) runs at nice 10; each child probe resets itself to
   // nice 0 first thing (RunChild).
   setpriority(PRIO_PROCESS, 0, kHelperNice);
-  // The simulator renders a fresh ~800 KB body per page. With glibc's default mmap
-  // threshold each one is a new mmap: page faults and zeroing cost it 4x its rendering
-  // (perf: clear_page/memmove dominate; 207 -> 846 pages/s with these settings). Keep
-  // large blocks on the heap in this (helper) process; probes keep glibc's defaults.
-  mallopt(M_MMAP_THRESHOLD, 64 << 20);
-  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  // The simulator renders a fresh ~800 KB body per page: keep freed memory for reuse
+  // in this (helper) process (207 -> 846 pages/s); probes keep glibc's defaults.
+  sim::KeepFreedMemoryForReuse();
   const bool smoke = absl::GetFlag(FLAGS_smoke);
   const Sizes z = smoke ? SmokeSizes() : FullSizes();
   std::string scratch = absl::GetFlag(FLAGS_scratch);

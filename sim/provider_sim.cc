@@ -1,5 +1,7 @@
 #include "sim/provider_sim.h"
 
+#include <malloc.h>
+
 #include <httplib.h>
 
 #include <algorithm>
@@ -12,6 +14,13 @@
 #include "absl/time/clock.h"
 
 namespace handoff::sim {
+
+void KeepFreedMemoryForReuse() {
+  // Fixed thresholds (mallopt turns glibc's dynamic ones off): blocks up to 64 MiB come
+  // from the arenas, and an arena keeps up to 256 MiB of free memory at its top.
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+}
 namespace {
 
 constexpr absl::string_view kFaultNames[kFaultCount] = {

@@ -110,6 +110,13 @@ struct RequestRecord {
   int remote_port = 0;
 };
 
+// For a process whose main job is serving pages (the simulator binary, the benchmark
+// harness hosting one): keeps freed memory mapped so that each page's ~1 MB buffers
+// reuse warm memory. By default glibc returns it to the kernel after responses and the
+// next page faults it back in, zeroed (perf of the simulator binary: page faults and
+// madvise were a sixth of its CPU). Process-wide (mallopt); call before starting threads.
+void KeepFreedMemoryForReuse();
+
 class ProviderSim {
  public:
   explicit ProviderSim(ProviderSimOptions options);

@@ -42,6 +42,7 @@ ABSL_FLAG(int, silence_ms, 90000, "length of the sse_silence fault");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  handoff::sim::KeepFreedMemoryForReuse();
   // Block the stop signals in every thread; main waits for them with sigwait.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);

@@ -123,7 +123,8 @@ PageContent SyntheticChain::BuildPage(CursorPosition cursor, uint32_t limit,
   page.through = through;
   page.through_hash = renderer_.BlockHash(through, VersionLocked(through));
   page.next = CursorPosition{through + 1, page.view.epoch};
-  page.items_json.reserve((through - start + 1) * per_block * 720);
+  // A rendered log is 700-800 bytes; reserving short would copy the page as it grows.
+  page.items_json.reserve((through - start + 1) * per_block * 1024);
   bool comma = false;
   for (uint64_t b = start; b <= through; ++b) {
     uint32_t version = VersionLocked(b);

@@ -331,6 +331,29 @@ TEST_F(StoreTest, LargeStepIsAllThereAfterReopen) {
   EXPECT_TRUE(hold->has_value());
 }
 
+// The ceiling is computed from the options RocksDB is given, family by family: each
+// family stops its writes at max_write_buffer_number memtables.
+TEST(StoreMemoryCeilingTest, FollowsTheOptionsEveryFamilyIsOpenedWith) {
+  for (size_t write_buffer : {size_t{64} << 20, size_t{16} << 20, size_t{2} << 20}) {
+    StoreOptions options;
+    options.write_buffer_bytes = write_buffer;
+    options.block_cache_bytes = 32 << 20;
+    const RocksOptions rocks = StoreRocksOptions(options);
+    size_t expected = options.block_cache_bytes;
+    size_t per_event_families = 0;
+    for (const rocksdb::ColumnFamilyDescriptor& family : rocks.families) {
+      const rocksdb::ColumnFamilyOptions& cf = family.options;
+      EXPECT_EQ(cf.max_write_buffer_number, 2) << family.name;
+      if (cf.write_buffer_size == write_buffer) ++per_event_families;
+      EXPECT_LE(cf.write_buffer_size, write_buffer) << family.name;
+      expected += static_cast<size_t>(cf.max_write_buffer_number) *
+                  (cf.write_buffer_size + cf.write_buffer_size / 8 + (1 << 20));
+    }
+    EXPECT_GE(per_event_families, 3u);  // rows, outbox, receipts
+    EXPECT_EQ(StoreMemoryCeiling(options), expected) << write_buffer;
+  }
+}
+
 TEST_F(StoreTest, MemtablesStayUnderTheCeilingWhileWritingFarMore) {
   constexpr size_t kWriteBuffer = 256 << 10;
   Open(/*sync=*/false, kWriteBuffer);

@@ -23,8 +23,11 @@ absl::Duration Backoff::Next(std::optional<absl::Duration> requested) {
   ++failures_;
   const double ceiling_ms = absl::ToDoubleMilliseconds(ceiling);
   const double floor_ms = policy_.jitter_floor * ceiling_ms;
-  const double jittered_ms =
-      floor_ms >= ceiling_ms ? ceiling_ms : absl::Uniform<double>(bitgen_, floor_ms, ceiling_ms);
+  double jittered_ms = ceiling_ms;
+  if (floor_ms < ceiling_ms) {
+    if (!bitgen_.has_value()) bitgen_.emplace();
+    jittered_ms = absl::Uniform<double>(*bitgen_, floor_ms, ceiling_ms);
+  }
   absl::Duration d = std::max(absl::Milliseconds(jittered_ms), policy_.initial / 2);
   if (requested.has_value()) d = std::max(d, *requested);
   return d;

@@ -48,7 +48,9 @@ class Backoff {
  private:
   BackoffPolicy policy_;
   int failures_ = 0;
-  absl::BitGen bitgen_;
+  // Seeded at the first jittered wait: seeding reads the process's entropy pool, and
+  // most backoffs (one per page attempt) never wait.
+  std::optional<absl::BitGen> bitgen_;
 };
 
 }  // namespace handoff::consumer

@@ -346,6 +346,8 @@ void SourceWorker::IngestLoop() {
   // every page up to the cursor passed its barrier), and every commit is fenced by
   // version and step_seq, so a stale copy could only lose a race and be reread.
   std::optional<store::CheckpointRecord> unchanged;
+  // The same for every page of this run (the spec and parts do not change while it runs).
+  const AttemptConfig config = MakeConfig(store::Stage::kIngest);
   while (!stopping()) {
     absl::StatusOr<store::CheckpointRecord> cp =
         unchanged.has_value() ? absl::StatusOr<store::CheckpointRecord>(*std::move(unchanged))
@@ -425,7 +427,7 @@ void SourceWorker::IngestLoop() {
       stop_.store(true);
       break;
     }
-    auto attempt = std::make_unique<PageAttempt>(MakeConfig(store::Stage::kIngest),
+    auto attempt = std::make_unique<PageAttempt>(config,
                                                  *std::move(cp), *std::move(fetched.page));
     const bool nothing_new =
         attempt->page().NothingNewAfter(attempt->checkpoint().resume_cursor());

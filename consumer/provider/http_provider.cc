@@ -146,7 +146,9 @@ HttpProvider::HttpProvider(HttpProviderOptions options)
                                              : std::make_shared<CurlSessionPool>(1)),
       stream_session_(options_.transport == handoff::v1::TRANSPORT_SSE
                           ? std::make_unique<CurlSession>()
-                          : nullptr) {}
+                          : nullptr),
+      pages_url_(UrlPrefix("/v1/pages")),
+      stream_url_(UrlPrefix("/v1/stream")) {}
 
 void HttpProvider::WakeTransfers() {
   {
@@ -216,12 +218,12 @@ HttpProvider::~HttpProvider() {
   StopReader();
 }
 
-std::string HttpProvider::Url(absl::string_view path, const std::string& from) const {
+std::string HttpProvider::UrlPrefix(absl::string_view path) const {
   std::string url = absl::StrCat(base_, path, "?chain=", UrlEscape(options_.chain),
                                  "&source=", UrlEscape(options_.source),
-                                 "&filter=", UrlEscape(options_.filter),
-                                 "&from=", UrlEscape(from));
+                                 "&filter=", UrlEscape(options_.filter));
   if (options_.page_limit != 0) absl::StrAppend(&url, "&limit=", options_.page_limit);
+  url.append("&from=");
   return url;
 }
 
@@ -407,7 +409,7 @@ FetchResult HttpProvider::PollOnce(const std::string& cursor, const std::atomic<
 FetchResult HttpProvider::PollWith(CurlSession* session, const std::string& cursor,
                                    const std::atomic<bool>* stop) {
   CurlSession::Request req;
-  req.url = Url("/v1/pages", cursor);
+  req.url = pages_url_ + UrlEscape(cursor);
   req.headers.push_back("Accept: application/json");
   if (!options_.api_key.empty()) req.headers.push_back("Authorization: Bearer " + options_.api_key);
   req.user_agent = options_.user_agent;
@@ -656,7 +658,7 @@ class StreamHandler : public CurlSession::Handler {
 void HttpProvider::ReaderMain(std::string cursor, uint64_t stream_id) {
   CurlSession::Request req;
   const bool latest = cursor == "latest";
-  req.url = Url("/v1/stream", cursor);
+  req.url = stream_url_ + UrlEscape(cursor);
   req.headers.push_back("Accept: text/event-stream");
   req.headers.push_back("Cache-Control: no-cache");
   if (!latest) req.headers.push_back("Last-Event-ID: " + cursor);

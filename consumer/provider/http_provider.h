@@ -132,7 +132,8 @@ class HttpProvider : public Provider {
 
   explicit HttpProvider(HttpProviderOptions options);
 
-  std::string Url(absl::string_view path, const std::string& from) const;
+  // base_url + path + the source's query up to "&from=" (only the cursor varies).
+  std::string UrlPrefix(absl::string_view path) const;
   FetchResult FetchPoll(const std::string& cursor);
   // One polled request and its parse. Runs on the Fetch thread or the prefetch thread,
   // never both at once (FetchPoll joins the prefetch first).
@@ -163,6 +164,8 @@ class HttpProvider : public Provider {
   const std::shared_ptr<CurlSessionPool> pool_;
   // SSE only (nullptr when polling): the reader's session, the stream's connection.
   const std::unique_ptr<CurlSession> stream_session_;
+  const std::string pages_url_;
+  const std::string stream_url_;
 
   // The pool session of the polled request in flight (Fetch or prefetch thread), so
   // that Cancel/Close/TakePrefetch can interrupt it.

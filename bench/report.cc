@@ -60,6 +60,27 @@ std::optional<double> Div(std::optional<double> a, std::optional<double> b) {
 }
 std::string YesNo(std::optional<bool> b) { return !b ? "n/a" : (*b ? "yes" : "no"); }
 
+// The shape of an ingest run, from its probe name: sources and page items
+// (e2e_<transport>_p<items>, many_<sources> at pages of 1000, mem_<sources> at 100).
+struct IngestShape {
+  double sources = 1, page = 1000;
+  bool poll = true;
+};
+std::optional<IngestShape> ShapeOf(const std::string& name) {
+  IngestShape shape;
+  if (name.rfind("e2e_", 0) == 0) {
+    shape.poll = name.rfind("e2e_poll_", 0) == 0;
+  } else if (name.rfind("many_", 0) == 0) {
+    shape.sources = std::stod(name.substr(5));
+  } else if (name.rfind("mem_", 0) == 0) {
+    shape.sources = std::stod(name.substr(4));
+  } else {
+    return std::nullopt;
+  }
+  if (absl::EndsWith(name, "_p100")) shape.page = 100;
+  return shape;
+}
+
 // Least squares fit of rss = a + b*S + c*S*P (S sources, P page items).
 struct MemoryFit {
   bool ok = false;
@@ -76,13 +97,9 @@ MemoryFit FitMemory(const json& raw) {
   MemoryFit fit;
   for (const auto& [name, v] : raw.items()) {
     if (v.contains("error") || !v.contains("peak_rss_mb")) continue;
-    double s = 0, p = 0;
-    if (name == "e2e_poll_p1000") s = 1, p = 1000;
-    else if (name == "e2e_poll_p100") s = 1, p = 100;
-    else if (name.rfind("many_", 0) == 0) s = std::stod(name.substr(5)), p = 1000;
-    else if (name.rfind("mem_", 0) == 0) s = std::stod(name.substr(4)), p = 100;
-    else continue;
-    fit.points.push_back({name, s, p, v["peak_rss_mb"].get<double>()});
+    const std::optional<IngestShape> shape = ShapeOf(name);
+    if (!shape.has_value() || !shape->poll) continue;
+    fit.points.push_back({name, shape->sources, shape->page, v["peak_rss_mb"].get<double>()});
   }
   if (fit.points.size() < 3) return fit;
   // Normal equations for x = (a, b, c) with rows (1, S, S*P).
@@ -145,23 +162,18 @@ MemoryBound BoundMemory(const json& raw) {
                         idle["sources"].get<double>();
   }
   for (const auto& [name, v] : raw.items()) {
-    if (v.contains("error") || !v.contains("page_bound_mb") || name.rfind("idle", 0) == 0) {
-      continue;
-    }
+    const std::optional<IngestShape> shape = ShapeOf(name);
+    if (v.contains("error") || !v.contains("page_bound_mb") || !shape.has_value()) continue;
     MemoryBound::Run r;
     r.probe = name;
-    double s = 1, p = 1000;
-    if (absl::EndsWith(name, "_p100")) p = 100;
-    if (name.rfind("many_", 0) == 0) s = std::stod(name.substr(5));
-    if (name.rfind("mem_", 0) == 0) s = std::stod(name.substr(4));
-    r.sources = s;
-    r.page = p;
+    r.sources = shape->sources;
+    r.page = shape->page;
     r.largest_page_kb = v["largest_page_bytes"].get<double>() / 1024;
     r.rss = v["peak_rss_mb"].get<double>();
     r.base = v["base_rss_mb"].get<double>();
     r.store = v["store_ceiling_mb"].get<double>();
     r.pages = v["page_bound_mb"].get<double>();
-    r.fixed = s * out.per_source_mb.value_or(0);
+    r.fixed = r.sources * out.per_source_mb.value_or(0);
     r.bound = r.base + r.store + r.fixed + r.pages;
     out.worst = std::max(out.worst, r.rss / r.bound);
     out.runs.push_back(r);

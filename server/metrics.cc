@@ -105,7 +105,7 @@ void MetricsObserver::OnCorrection(absl::string_view source_id, uint64_t depth) 
 
 ProgressCollector::ProgressCollector(consumer::SourceManager* manager,
                                      std::function<absl::Status()> store_health,
-                                     std::function<StoreMemory()> store_memory)
+                                     std::function<store::Store::MemoryUsage()> store_memory)
     : manager_(manager),
       store_health_(std::move(store_health)),
       store_memory_(std::move(store_memory)) {}
@@ -172,7 +172,7 @@ std::vector<MetricFamily> ProgressCollector::Collect() const {
       std::move(tip),           std::move(lag),      std::move(state),
       std::move(sources),       std::move(store)};
   if (store_memory_) {
-    const StoreMemory memory = store_memory_();
+    const store::Store::MemoryUsage memory = store_memory_();
     MetricFamily memtables = NewFamily("handoff_store_memtable_bytes",
                                        "Bytes in RocksDB memtables, mutable and immutable",
                                        MetricType::Gauge);

@@ -30,6 +30,7 @@
 #include "prometheus/family.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "store/store.h"
 
 namespace handoff::server {
 
@@ -57,23 +58,17 @@ class MetricsObserver final : public consumer::EngineObserver {
 
 class ProgressCollector final : public prometheus::Collectable {
  public:
-  // What the database holds in memory (store::Store::memory_usage()).
-  struct StoreMemory {
-    uint64_t memtable_bytes = 0;
-    uint64_t block_cache_bytes = 0;
-  };
-
   // `manager` is not owned and outlives every Collect() call (the exposer is stopped
   // before the manager is destroyed). Without `store_memory` no memory gauges are served.
   ProgressCollector(consumer::SourceManager* manager, std::function<absl::Status()> store_health,
-                    std::function<StoreMemory()> store_memory = nullptr);
+                    std::function<store::Store::MemoryUsage()> store_memory = nullptr);
 
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
   consumer::SourceManager* const manager_;
   const std::function<absl::Status()> store_health_;
-  const std::function<StoreMemory()> store_memory_;
+  const std::function<store::Store::MemoryUsage()> store_memory_;
 };
 
 // The HTTP endpoint (/metrics) serving `collectables`. `listen` is "host:port"; port 0

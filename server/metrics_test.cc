@@ -62,7 +62,7 @@ TEST(ProgressCollectorTest, ExportsDurableFiguresPerSource) {
   ASSERT_TRUE(manager.SetProgress(p).ok());
 
   ProgressCollector collector(&manager, [] { return absl::OkStatus(); }, [] {
-    return ProgressCollector::StoreMemory{/*memtable_bytes=*/5 << 20, /*block_cache_bytes=*/7000};
+    return store::Store::MemoryUsage{/*memtable_bytes=*/5 << 20, /*block_cache_bytes=*/7000};
   });
   const std::string text = Scrape(collector);
   for (const char* expected : {

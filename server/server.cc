@@ -170,10 +170,7 @@ absl::Status Server::Build() {
 
   if (!options_.metrics_listen.empty()) {
     progress_collector_ = std::make_shared<ProgressCollector>(
-        manager_.get(), store_health, [store] {
-          const store::Store::MemoryUsage usage = store->memory_usage();
-          return ProgressCollector::StoreMemory{usage.memtable_bytes, usage.block_cache_bytes};
-        });
+        manager_.get(), store_health, [store] { return store->memory_usage(); });
     ASSIGN_OR_RETURN(metrics_, MetricsEndpoint::Start(options_.metrics_listen,
                                                       {registry_, progress_collector_}));
   }

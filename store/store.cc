@@ -41,16 +41,13 @@ bool IsPerEventFamily(absl::string_view name) {
   return name == "rows" || name == "receipts" || name == "outbox";
 }
 
-size_t WriteBufferBytes(const StoreOptions& options, absl::string_view family) {
-  return IsPerEventFamily(family) ? options.write_buffer_bytes
-                                  : std::min(options.write_buffer_bytes, kSmallWriteBufferBytes);
-}
-
 rocksdb::ColumnFamilyOptions FamilyOptions(const StoreOptions& options,
                                            const std::shared_ptr<rocksdb::Cache>& cache,
                                            absl::string_view family) {
   rocksdb::ColumnFamilyOptions cf;
-  const size_t write_buffer = WriteBufferBytes(options, family);
+  const size_t write_buffer = IsPerEventFamily(family)
+                                  ? options.write_buffer_bytes
+                                  : std::min(options.write_buffer_bytes, kSmallWriteBufferBytes);
   cf.write_buffer_size = write_buffer;
   cf.max_write_buffer_number = std::max(2, options.max_write_buffers);
   cf.min_write_buffer_number_to_merge = 1;
@@ -142,12 +139,12 @@ RocksOptions StoreRocksOptions(const StoreOptions& options) {
 size_t StoreMemoryCeiling(const StoreOptions& options) {
   constexpr size_t kWriteGroupBytes = 1 << 20;
   size_t memtables = 0;
-  for (const char* name : kFamilyNames) {
-    const size_t write_buffer = WriteBufferBytes(options, name);
+  for (const rocksdb::ColumnFamilyDescriptor& family : StoreRocksOptions(options).families) {
+    const size_t write_buffer = family.options.write_buffer_size;
     // A memtable is switched once its arena passes the write buffer, so it can hold up
     // to an arena block (an eighth) more, plus the write group that crossed the line
     // (RocksDB's max_write_batch_group_size_bytes, 1 MiB, or one larger batch).
-    memtables += static_cast<size_t>(std::max(2, options.max_write_buffers)) *
+    memtables += static_cast<size_t>(family.options.max_write_buffer_number) *
                  (write_buffer + write_buffer / 8 + kWriteGroupBytes);
   }
   return memtables + options.block_cache_bytes;

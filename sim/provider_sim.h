@@ -164,7 +164,9 @@ class ProviderSim {
   // The status fault due now, if any: (status, body, retry-after header).
   bool StatusFault(httplib::Response& res);
   std::optional<std::string> ControlFault();
-  std::string RenderPage(const PageContent& page, const std::string& next) const;
+  // The page's JSON, between `before` and `after` (an SSE frame's lines around it).
+  std::string RenderPage(const PageContent& page, const std::string& next,
+                         absl::string_view before = "", absl::string_view after = "") const;
   void HandlePages(const httplib::Request& req, httplib::Response& res);
   void HandleStream(const httplib::Request& req, httplib::Response& res);
   bool StreamStep(Stream& stream, httplib::DataSink& sink);

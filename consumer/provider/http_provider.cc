@@ -570,7 +570,7 @@ class StreamHandler : public CurlSession::Handler {
  public:
   using PagePush = std::function<bool(Page)>;
   StreamHandler(size_t max_page_bytes, PagePush push)
-      : max_page_bytes_(max_page_bytes), sse_(max_page_bytes + 4096), push_(std::move(push)) {}
+      : max_page_bytes_(max_page_bytes), sse_(max_page_bytes + 4096, PageParser::Padding()), push_(std::move(push)) {}
 
   bool OnHeaders(const CurlSession::Response& response) override {
     response_ = response;
@@ -628,6 +628,7 @@ class StreamHandler : public CurlSession::Handler {
     if (!frame.event.empty() && frame.event != "message") return true;  // unknown: ignored
     if (!frame.has_data) return true;
     absl::StatusOr<Page> page = parser_.ParseOwned(&frame.data);
+    sse_.GiveBack(std::move(frame.data));  // the next frame's data goes into it
     if (!page.ok()) {
       terminal_ = Refusal{RefusalKind::kMalformedPage, 200, "malformed_page",
                           std::string(page.status().message())};

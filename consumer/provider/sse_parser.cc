@@ -1,14 +1,43 @@
 #include "consumer/provider/sse_parser.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace handoff::consumer {
 
-SseParser::SseParser(size_t max_frame_bytes) : max_frame_bytes_(max_frame_bytes) {}
+SseParser::SseParser(size_t max_frame_bytes, size_t data_slack)
+    : max_frame_bytes_(max_frame_bytes), data_slack_(data_slack) {}
+
+void SseParser::GiveBack(std::string data) {
+  if (data.capacity() > data_.capacity() && data_.empty()) {
+    data_ = std::move(data);
+    data_.clear();
+  }
+}
+
+void SseParser::AppendData(absl::string_view bytes) {
+  const size_t need = data_.size() + bytes.size() + data_slack_;
+  if (data_.capacity() < need) data_.reserve(std::max(need, 2 * data_.capacity()));
+  data_.append(bytes.data(), bytes.size());
+}
+
+void SseParser::MaybeStreamDataLine() {
+  // "data:" and one more byte: enough to drop the optional space after the colon.
+  constexpr absl::string_view kData = "data:";
+  if (line_.size() <= kData.size() || !absl::StartsWith(line_, kData)) return;
+  absl::string_view value = absl::string_view(line_).substr(kData.size());
+  if (value[0] == ' ') value.remove_prefix(1);
+  if (has_data_) AppendData("\n");
+  AppendData(value);
+  has_data_ = any_field_ = true;
+  in_data_line_ = true;
+  line_.clear();
+}
 
 absl::Status SseParser::Fail() {
   failed_ = true;
@@ -50,11 +79,15 @@ absl::Status SseParser::Feed(absl::string_view chunk, const FrameCallback& on_fr
     const size_t eol = next_cr < next_lf ? next_cr : next_lf;
     const size_t len = eol - pos;
     if (Retained() + line_.size() + len > max_frame_bytes_) return Fail();
-    if (eol == n) {
+    if (in_data_line_) {
+      AppendData(absl::string_view(begin + pos, len));
+      if (eol == n) break;
+      in_data_line_ = false;  // the data line ended; its value is already in data_
+    } else if (eol == n) {
       line_.append(begin + pos, len);
+      MaybeStreamDataLine();
       break;
-    }
-    if (line_.empty()) {
+    } else if (line_.empty()) {
       ProcessLine(absl::string_view(begin + pos, len), on_frame);
     } else {
       line_.append(begin + pos, len);
@@ -103,8 +136,8 @@ void SseParser::ProcessLine(absl::string_view line, const FrameCallback& on_fram
     if (!value.empty() && value[0] == ' ') value.remove_prefix(1);
   }
   if (name == "data") {
-    if (has_data_) data_.push_back('\n');
-    data_.append(value.data(), value.size());
+    if (has_data_) AppendData("\n");
+    AppendData(value);
     has_data_ = true;
   } else if (name == "event") {
     event_.assign(value.data(), value.size());
@@ -130,6 +163,7 @@ bool SseParser::HasPartialFrame() const { return !line_.empty() || any_field_; }
 
 void SseParser::Reset() {
   line_.clear();
+  in_data_line_ = false;
   skip_lf_ = failed_ = any_field_ = has_id_ = has_data_ = false;
   id_.clear();
   event_.clear();

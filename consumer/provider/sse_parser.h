@@ -14,6 +14,12 @@
 // Unlike a browser EventSource, `id` does not carry over to later frames: a frame
 // without an id line has has_id == false (controls have none).
 //
+// A page is one data line of ~1 MB that arrives in many chunks: the value of a data line
+// is appended to the frame's data as it arrives (not first gathered as a line), the data
+// buffer keeps `data_slack` spare bytes of capacity (the JSON parser's padding, so that
+// it parses in place), and GiveBack() lets the next frame reuse a parsed frame's buffer.
+// A page's bytes are then copied once, from the socket's chunk into the frame.
+//
 // Thread-compatible.
 #ifndef HANDOFF_CONSUMER_PROVIDER_SSE_PARSER_H_
 #define HANDOFF_CONSUMER_PROVIDER_SSE_PARSER_H_
@@ -42,12 +48,17 @@ class SseParser {
  public:
   using FrameCallback = std::function<void(SseFrame&& frame)>;
 
-  explicit SseParser(size_t max_frame_bytes);
+  // `data_slack`: spare capacity the frame's data always has beyond its size.
+  explicit SseParser(size_t max_frame_bytes, size_t data_slack = 0);
 
   // Consumes `chunk`, calling `on_frame` for each frame it completes, in order. Returns
   // kResourceExhausted when a frame exceeds max_frame_bytes (nothing after that point is
   // parsed, and later calls return the same error until Reset()).
   absl::Status Feed(absl::string_view chunk, const FrameCallback& on_frame);
+
+  // A frame's data buffer, done with: the next frame's data is written into it (its
+  // capacity is kept). May be called from the frame callback.
+  void GiveBack(std::string data);
 
   // Whether bytes of an unfinished frame are buffered.
   bool HasPartialFrame() const;
@@ -58,11 +69,18 @@ class SseParser {
  private:
   // `line` is one complete line without its terminator.
   void ProcessLine(absl::string_view line, const FrameCallback& on_frame);
+  // Appends to the frame's data, keeping data_slack_ spare capacity.
+  void AppendData(absl::string_view bytes);
+  // When the unterminated line_ is a data line whose value has begun: moves the value
+  // into the frame's data and continues the line there (in_data_line_).
+  void MaybeStreamDataLine();
   size_t Retained() const { return id_.size() + event_.size() + data_.size(); }
   absl::Status Fail();
 
   const size_t max_frame_bytes_;
+  const size_t data_slack_;
   std::string line_;        // an unterminated line carried over from the previous chunk
+  bool in_data_line_ = false;  // the unterminated line is a data line, going to data_
   bool skip_lf_ = false;    // the previous chunk ended in CR: a leading LF belongs to it
   bool failed_ = false;
   bool any_field_ = false;  // the current frame has at least one known field

@@ -147,5 +147,53 @@ TEST(SseParserTest, LargeFrameInSmallChunks) {
   EXPECT_EQ(c.frames[0].id, "big");
 }
 
+// Data lines that arrive in pieces go straight to the frame's data (not gathered as
+// lines first); several of them still join with '\n', and a line cut inside "data:"
+// or right after the colon keeps the one optional space rule.
+TEST(SseParserTest, DataLinesStreamedAcrossChunks) {
+  EXPECT_EQ(Parse({"id: 1\ndata: ab", "c\ndata: de", "f\n\n"}),
+            std::vector<std::string>{"id=1 event= data=abc\ndef"});
+  EXPECT_EQ(Parse({"da", "ta:", " ", " x", "y\r", "\n\r\n"}),
+            std::vector<std::string>{"id=<none> event= data= xy"});
+  EXPECT_EQ(Parse({"data: ", "", "z\n", "\n"}),
+            std::vector<std::string>{"id=<none> event= data=z"});
+}
+
+// The frame's data always has `slack` spare bytes (the JSON parser's padding), and a
+// buffer given back is where the next frame's data is written: a page is copied once.
+TEST(SseParserTest, DataKeepsSlackAndReusesAGivenBackBuffer) {
+  constexpr size_t kSlack = 64;
+  SseParser parser(1 << 20, kSlack);
+  std::string payload(200000, 'q');
+  std::vector<const char*> buffers;
+  for (int round = 0; round < 3; ++round) {
+    std::string s = "data: " + payload + "\n\n";
+    int frames = 0;
+    for (size_t i = 0; i < s.size(); i += 1500) {
+      ASSERT_TRUE(parser
+                      .Feed(s.substr(i, 1500),
+                            [&](SseFrame&& f) {
+                              ++frames;
+                              EXPECT_EQ(f.data, payload);
+                              EXPECT_GE(f.data.capacity(), f.data.size() + kSlack);
+                              buffers.push_back(f.data.data());
+                              parser.GiveBack(std::move(f.data));
+                            })
+                      .ok());
+    }
+    EXPECT_EQ(frames, 1);
+  }
+  ASSERT_EQ(buffers.size(), 3u);
+  EXPECT_EQ(buffers[1], buffers[0]);
+  EXPECT_EQ(buffers[2], buffers[0]);
+  // A frame in one chunk: its data is sized at once, slack included.
+  SseParser whole(1 << 20, kSlack);
+  size_t capacity = 0;
+  ASSERT_TRUE(whole.Feed("data: " + payload + "\n\n",
+                         [&](SseFrame&& f) { capacity = f.data.capacity(); })
+                  .ok());
+  EXPECT_GE(capacity, payload.size() + kSlack);
+}
+
 }  // namespace
 }  // namespace handoff::consumer

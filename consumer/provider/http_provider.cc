@@ -204,10 +204,10 @@ absl::StatusOr<std::unique_ptr<HttpProvider>> HttpProvider::Create(HttpProviderO
 
 HttpProvider::~HttpProvider() {
   cancelled_.store(true);
-  if (prefetch_thread_.joinable()) {
+  if (prefetch_.busy()) {
     stop_prefetch_.store(true);
     WakeTransfers();
-    prefetch_thread_.join();
+    prefetch_.Wait();
   }
   // A provider that was Close()d since its last request (a halted worker) closes its
   // connection with it; otherwise the warm connection is left to the other sources.
@@ -358,19 +358,17 @@ void HttpProvider::StartPrefetch(const std::string& cursor) {
   prefetch_started_ = absl::Now();
   prefetch_result_.reset();
   stop_prefetch_.store(false);
-  prefetch_thread_ = std::thread([this, cursor] {
-    prefetch_result_ = PollOnce(cursor, &stop_prefetch_);
-  });
+  prefetch_.Run([this, cursor] { prefetch_result_ = PollOnce(cursor, &stop_prefetch_); });
 }
 
 std::optional<FetchResult> HttpProvider::TakePrefetch(const std::string& cursor) {
-  if (!prefetch_thread_.joinable()) return std::nullopt;
+  if (!prefetch_.busy()) return std::nullopt;
   if (prefetch_cursor_ != cursor) {
     // The engine did not commit the page the prefetch followed: drop the speculation.
     stop_prefetch_.store(true);
     WakeTransfers();
   }
-  prefetch_thread_.join();
+  prefetch_.Wait();
   std::optional<FetchResult> result = std::move(prefetch_result_);
   prefetch_result_.reset();
   const bool usable = prefetch_cursor_ == cursor && result.has_value() &&

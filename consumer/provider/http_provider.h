@@ -62,6 +62,7 @@
 #include "absl/time/time.h"
 #include "consumer/provider.h"
 #include "consumer/provider/page_parser.h"
+#include "consumer/reusable_thread.h"
 #include "handoff/v1/source.pb.h"
 
 namespace handoff::consumer {
@@ -179,18 +180,20 @@ class HttpProvider : public Provider {
   std::atomic<bool> stop_reader_{false};
 
   // Used only by the thread that calls Fetch (polling), or by the prefetch thread while
-  // the Fetch thread is elsewhere (handed over by thread start and join).
+  // the Fetch thread is elsewhere (handed over by prefetch_.Run() and Wait()).
   PageParser poll_parser_;
   std::string body_;
   // The session of a source that is catching up, kept from one request to the next
   // (nullptr once it is caught up: then each poll leases one from the pool).
   std::unique_ptr<CurlSession> held_session_;
-  std::thread prefetch_thread_;
   std::string prefetch_cursor_;
   uint64_t prefetch_generation_ = 0;
   absl::Time prefetch_started_;
   std::optional<FetchResult> prefetch_result_;  // written by the prefetch thread
   std::atomic<bool> stop_prefetch_{false};
+  // Runs the prefetch (declared last among these: destroyed first, it waits for a
+  // prefetch in flight before the state that prefetch writes goes away).
+  ReusableThread prefetch_;
 
   // Serialises starting and stopping the SSE reader (Fetch vs Close).
   absl::Mutex lifecycle_mu_ ABSL_ACQUIRED_BEFORE(mu_);

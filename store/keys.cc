@@ -34,11 +34,18 @@ std::string Checkpoint(absl::string_view source_id, Stage stage) {
   return k;
 }
 
+void AssignPositional(absl::string_view source_id, Position pos, std::string* out) {
+  out->clear();
+  out->reserve(source_id.size() + 1 + 16);
+  out->append(source_id.data(), source_id.size());
+  out->push_back('\0');
+  AppendBigEndian64(out, pos.block);
+  AppendBigEndian64(out, pos.log_index);
+}
+
 std::string Positional(absl::string_view source_id, Position pos) {
-  std::string k = SourcePrefix(source_id);
-  k.reserve(k.size() + 16);
-  AppendBigEndian64(&k, pos.block);
-  AppendBigEndian64(&k, pos.log_index);
+  std::string k;
+  AssignPositional(source_id, pos, &k);
   return k;
 }
 
@@ -48,11 +55,19 @@ std::string StagePrefix(absl::string_view source_id, Stage stage) {
   return k;
 }
 
+void AssignStaged(absl::string_view source_id, Stage stage, Position pos, std::string* out) {
+  out->clear();
+  out->reserve(source_id.size() + 2 + 16);
+  out->append(source_id.data(), source_id.size());
+  out->push_back('\0');
+  out->push_back(static_cast<char>(stage));
+  AppendBigEndian64(out, pos.block);
+  AppendBigEndian64(out, pos.log_index);
+}
+
 std::string Staged(absl::string_view source_id, Stage stage, Position pos) {
-  std::string k = StagePrefix(source_id, stage);
-  k.reserve(k.size() + 16);
-  AppendBigEndian64(&k, pos.block);
-  AppendBigEndian64(&k, pos.log_index);
+  std::string k;
+  AssignStaged(source_id, stage, pos, &k);
   return k;
 }
 

@@ -42,6 +42,10 @@ std::string Checkpoint(absl::string_view source_id, Stage stage);
 std::string Positional(absl::string_view source_id, Position pos);
 // receipts, quarantine and holds.
 std::string Staged(absl::string_view source_id, Stage stage, Position pos);
+// The same keys written over *out: the per-event form of the commit path, which reuses
+// one buffer instead of allocating a key per event.
+void AssignPositional(absl::string_view source_id, Position pos, std::string* out);
+void AssignStaged(absl::string_view source_id, Stage stage, Position pos, std::string* out);
 // The prefix of every staged key of (source, stage).
 std::string StagePrefix(absl::string_view source_id, Stage stage);
 

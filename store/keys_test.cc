@@ -177,5 +177,20 @@ TEST(KeysTest, KeyLayout) {
   EXPECT_EQ(Staged("s1", Stage::kIngest, Position{1, 2}).size(), 4u + 16u);
 }
 
+// The buffer-reusing forms write exactly the same keys, whatever the buffer held.
+TEST(KeysTest, AssignFormsEqualTheAllocatingOnes) {
+  std::string buf = "leftover bytes from an earlier, longer key of another source";
+  for (const Position pos : {Position{0, 0}, Position{7, 3}, Position{~0ull, ~0ull}}) {
+    AssignPositional("src-a", pos, &buf);
+    EXPECT_EQ(buf, Positional("src-a", pos));
+    AssignStaged("src-a", Stage::kDelivery, pos, &buf);
+    EXPECT_EQ(buf, Staged("src-a", Stage::kDelivery, pos));
+    AssignStaged("a-much-longer-source-identifier-than-the-small-string-buffer", Stage::kIngest,
+                 pos, &buf);
+    EXPECT_EQ(buf, Staged("a-much-longer-source-identifier-than-the-small-string-buffer",
+                          Stage::kIngest, pos));
+  }
+}
+
 }  // namespace
 }  // namespace handoff::store::keys

@@ -63,10 +63,15 @@ class StepBatch {
   void Put(rocksdb::ColumnFamilyHandle* cf, const std::string& key,
            const google::protobuf::MessageLite& msg);
 
+  // The key of an event's entry, in key_ (valid until the next call).
+  const std::string& PositionalKey(Position pos);
+  const std::string& StagedKey(Stage stage, Position pos);
+
   const ColumnFamilies* const cfs_;
   const std::string source_id_;
   rocksdb::WriteBatch batch_;
-  std::string scratch_;
+  std::string scratch_;  // a serialized record
+  std::string key_;      // an event's key
 };
 
 }  // namespace handoff::store

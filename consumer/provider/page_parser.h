@@ -14,13 +14,16 @@
 // Performance (page_parser_bench -c opt: 1000 simulator logs, 793 KB page; measured on
 // the shared 2-core VM while other builds ran, so CPU time, not wall time):
 //   simdjson DOM -> Page (this parser)        0.36 GB/s   2.1 ms/page
+//   the same, rows recycled (RowPool, as in
+//   production: BM_SimdjsonPageParserRecycled) 0.72 GB/s  1.05 ms/page
 //   nlohmann::json -> Page                   0.036 GB/s  20.8 ms/page
 //   simdjson DOM parse alone (haswell kernel) 2.1 GB/s    0.34 ms/page
 // simdjson is 10x nlohmann and was chosen; the DOM API (runtime-dispatched, so the
 // shared library's AVX2 kernel is used) rather than ondemand (header-compiled, which
-// falls back to the scalar kernel without -mavx2). The 1 GB/s target is NOT met: most of
-// the remaining time is the ~16 heap allocations per log that EventRow's strings cost
-// (malloc/free) and hex validation (SSE2). An arena-backed Page would be the next step.
+// falls back to the scalar kernel without -mavx2). The 1 GB/s target is NOT met: with
+// fresh rows most of the time is the ~16 heap allocations per log that EventRow's
+// strings cost, which the row pool removes in production; what remains is hex
+// validation (SSE2), copying each string out of the DOM and encoding the stored row.
 //
 // Thread-compatible: one PageParser per thread (it reuses its buffers between pages).
 #ifndef HANDOFF_CONSUMER_PROVIDER_PAGE_PARSER_H_

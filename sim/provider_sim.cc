@@ -466,7 +466,8 @@ bool ProviderSim::StreamStep(Stream& s, httplib::DataSink& sink) {
   }
   // Rendered in place: copying a ~1 MB page into its frame was ~30 % of the simulator's
   // CPU samples (perf), on the cores the benchmark shares with it.
-  const std::string frame = RenderPage(page, next, absl::StrCat("id: ", next, "\ndata: "), "\n\n");
+  const std::string frame =
+      RenderPage(page, next, absl::StrCat("id: ", next, "\ndata: "), "\n\n");
   if (Fire(Fault::kIncompleteSseFrame) || Fire(Fault::kTruncatedBody)) {
     sink.write(frame.data(), frame.size() / 2);
     return false;

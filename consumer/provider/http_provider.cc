@@ -568,7 +568,9 @@ class StreamHandler : public CurlSession::Handler {
  public:
   using PagePush = std::function<bool(Page)>;
   StreamHandler(size_t max_page_bytes, PagePush push)
-      : max_page_bytes_(max_page_bytes), sse_(max_page_bytes + 4096, PageParser::Padding()), push_(std::move(push)) {}
+      : max_page_bytes_(max_page_bytes),
+        sse_(max_page_bytes + 4096, PageParser::Padding()),
+        push_(std::move(push)) {}
 
   bool OnHeaders(const CurlSession::Response& response) override {
     response_ = response;

@@ -1,6 +1,7 @@
 // libFuzzer target for SseParser: the input is split into chunks at positions taken from
 // its first bytes; the frames must not depend on the split (nor on the split run giving
-// each frame's buffer back for reuse), and nothing may crash or exceed the frame bound. Build and run: see README.md.
+// each frame's buffer back for reuse), and nothing may crash or exceed the frame bound.
+// Build and run: see README.md.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>

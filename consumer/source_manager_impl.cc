@@ -158,7 +158,9 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::CreateSource(
   if (!request.has_spec()) return absl::InvalidArgumentError("spec: required");
   ASSIGN_OR_RETURN(handoff::v1::SourceSpec spec, NormalizeSpec(request.spec()));
   {
-    absl::MutexLock ops(&ops_mu_);
+    absl::ReaderMutexLock ops(&ops_mu_);
+    absl::MutexLock create(&create_mu_);
+    KeyedMutex::Lock source_op(&source_ops_, spec.id());
     absl::StatusOr<handoff::v1::Source> existing = store_->GetSource(spec.id());
     if (existing.ok()) {
       if (!google::protobuf::util::MessageDifferencer::Equals(existing->spec(), spec)) {
@@ -263,7 +265,8 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::UpdateSource(
   RETURN_IF_ERROR(CheckOpen());
   ASSIGN_OR_RETURN(handoff::v1::SourceSpec spec, NormalizeSpec(in));
   {
-    absl::MutexLock ops(&ops_mu_);
+    absl::ReaderMutexLock ops(&ops_mu_);
+    KeyedMutex::Lock source_op(&source_ops_, spec.id());
     ASSIGN_OR_RETURN(handoff::v1::Source source, store_->GetSource(spec.id()));
     if (google::protobuf::util::MessageDifferencer::Equals(source.spec(), spec)) {
       return WithProgress(source);
@@ -287,7 +290,8 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::StartSource(absl::string_
   RETURN_IF_ERROR(CheckOpen());
   RETURN_IF_ERROR(ValidateSourceId(id, "source_id"));
   {
-    absl::MutexLock ops(&ops_mu_);
+    absl::ReaderMutexLock ops(&ops_mu_);
+    KeyedMutex::Lock source_op(&source_ops_, id);
     ASSIGN_OR_RETURN(handoff::v1::Source source, store_->GetSource(id));
     if (!IsRunning(id)) {
       RETURN_IF_ERROR(StartLocked(source));
@@ -302,7 +306,8 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::StartSource(absl::string_
 absl::StatusOr<handoff::v1::Source> SourceManagerImpl::StopSource(absl::string_view id) {
   RETURN_IF_ERROR(ValidateSourceId(id, "source_id"));
   {
-    absl::MutexLock ops(&ops_mu_);
+    absl::ReaderMutexLock ops(&ops_mu_);
+    KeyedMutex::Lock source_op(&source_ops_, id);
     ASSIGN_OR_RETURN(handoff::v1::Source source, store_->GetSource(id));
     RETURN_IF_ERROR(StopLocked(id));
     if (source.desired_running()) {
@@ -315,7 +320,8 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::StopSource(absl::string_v
 
 absl::Status SourceManagerImpl::DeleteSource(absl::string_view id) {
   RETURN_IF_ERROR(ValidateSourceId(id, "source_id"));
-  absl::MutexLock ops(&ops_mu_);
+  absl::ReaderMutexLock ops(&ops_mu_);
+  KeyedMutex::Lock source_op(&source_ops_, id);
   ASSIGN_OR_RETURN(handoff::v1::Source source, store_->GetSource(id));
   if (IsRunning(id)) {
     return absl::FailedPreconditionError(
@@ -605,7 +611,8 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::RebuildSource(
     return absl::InvalidArgumentError("from_block: at most 2^63-1");
   }
   {
-    absl::MutexLock ops(&ops_mu_);
+    absl::ReaderMutexLock ops(&ops_mu_);
+    KeyedMutex::Lock source_op(&source_ops_, request.source_id());
     ASSIGN_OR_RETURN(handoff::v1::Source source, store_->GetSource(request.source_id()));
     if (IsRunning(request.source_id())) {
       return absl::FailedPreconditionError(

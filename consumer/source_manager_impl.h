@@ -2,9 +2,13 @@
 // contract). Holds the specs in the store, the workers in memory, and a ProgressBoard
 // that every worker publishes to.
 //
-// Lock order: ops_mu_ (serialises admin operations that start, stop, rebuild or delete
-// workers) before mu_ (guards the worker map); the store's per-source locks are taken
-// inside store calls only. Workers never take ops_mu_.
+// Lock order: ops_mu_ (shared by every admin operation that starts, stops, updates,
+// rebuilds or deletes a worker, exclusive for Recover), then create_mu_ (CreateSource
+// only: the source count), then the source's lock in source_ops_ (operations on one
+// source run one at a time; on different sources they overlap, so their synced writes
+// share group commits instead of queueing one after another), then mu_ (guards the
+// worker map); the store's per-source locks are taken inside store calls only. Workers
+// never take ops_mu_ or source_ops_.
 #ifndef HANDOFF_CONSUMER_SOURCE_MANAGER_IMPL_H_
 #define HANDOFF_CONSUMER_SOURCE_MANAGER_IMPL_H_
 
@@ -16,6 +20,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "consumer/deferred_deleter.h"
+#include "consumer/keyed_mutex.h"
 #include "consumer/progress_board.h"
 #include "consumer/source_manager.h"
 #include "consumer/source_worker.h"
@@ -59,11 +64,13 @@ class SourceManagerImpl final : public SourceManager {
   SourceWorker* WorkerForTest(absl::string_view id) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // StartLocked and StopLocked: the caller also holds the source's lock in source_ops_
+  // (or ops_mu_ exclusively).
   absl::Status StartLocked(const handoff::v1::Source& source)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+      ABSL_SHARED_LOCKS_REQUIRED(ops_mu_);
   // Stops and forgets the worker of `id` (if any). DEADLINE_EXCEEDED if it did not
   // reach a safe point in time.
-  absl::Status StopLocked(absl::string_view id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+  absl::Status StopLocked(absl::string_view id) ABSL_SHARED_LOCKS_REQUIRED(ops_mu_);
   bool IsRunning(absl::string_view id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<handoff::v1::Progress> ProgressFromStore(const handoff::v1::Source& source);
   absl::StatusOr<handoff::v1::Source> WithProgress(handoff::v1::Source source);
@@ -84,7 +91,9 @@ class SourceManagerImpl final : public SourceManager {
   // workers_ so it outlives them. Four pending pages at most (see the memory formula).
   DeferredDeleter deleter_;
 
-  absl::Mutex ops_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  absl::Mutex ops_mu_ ABSL_ACQUIRED_BEFORE(create_mu_, mu_);
+  absl::Mutex create_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  KeyedMutex source_ops_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<SourceWorker>> workers_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

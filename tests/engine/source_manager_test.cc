@@ -7,9 +7,11 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "consumer/fault_points.h"
 #include "consumer/source_manager.h"
@@ -63,6 +65,7 @@ class ManagerTest : public ::testing::Test {
     mo.worker.idle_backoff = mo.worker.fetch_backoff;
     mo.factories.provider = [this](const handoff::v1::SourceSpec& spec)
         -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
+      if (on_provider_) on_provider_(spec.id());
       return std::unique_ptr<consumer::Provider>(new consumer::testing::ForwardingProvider(&providers_[spec.id()]));
     };
     mo.factories.external_sink = [this](const handoff::v1::SourceSpec&)
@@ -142,6 +145,8 @@ class ManagerTest : public ::testing::Test {
 
   std::string dir_;
   consumer::EngineObserver* observer_ = nullptr;  // set before Restart()
+  // Called as a worker's provider is made (inside StartSource), with the source id.
+  std::function<void(const std::string&)> on_provider_;
   std::map<std::string, FakeProvider> providers_;
   FakeSink sink_{8};
   std::unique_ptr<store::Store> store_;
@@ -387,6 +392,46 @@ TEST_F(ManagerTest, ACaughtUpSourceReportsOneStateChangeNotTwoPerEmptyPoll) {
   EXPECT_EQ(after[3], handoff::v1::SOURCE_STATE_RUNNING);
   EXPECT_EQ(after[4], handoff::v1::SOURCE_STATE_BACKING_OFF);
   manager_->Shutdown();
+}
+
+// An admin operation on one source does not wait for one in progress on another (each
+// holds only its source's lock across its synced write); on one source they run one at
+// a time. "slow"'s StartSource is held inside its provider factory while "fast" starts.
+TEST_F(ManagerTest, AdminOperationsOnDifferentSourcesDoNotWaitForEachOther) {
+  ASSERT_TRUE(Create(Spec("slow"), false).ok());
+  ASSERT_TRUE(Create(Spec("fast"), false).ok());
+  providers_["slow"];  // the factory only reads the map from here on
+  providers_["fast"];
+  absl::Notification slow_entered, release_slow, fast_started;
+  on_provider_ = [&](const std::string& id) {
+    if (id != "slow") return;
+    slow_entered.Notify();
+    release_slow.WaitForNotification();
+  };
+  std::thread slow([&] { EXPECT_TRUE(manager_->StartSource("slow").ok()); });
+  slow_entered.WaitForNotification();
+  std::thread fast([&] {
+    EXPECT_TRUE(manager_->StartSource("fast").ok());
+    fast_started.Notify();
+  });
+  // With one lock for every source this would wait for "slow" (forever here).
+  EXPECT_TRUE(fast_started.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  // On "slow" itself a StopSource waits for the StartSource in progress, then stops it.
+  std::thread stop([&] { EXPECT_TRUE(manager_->StopSource("slow").ok()); });
+  release_slow.Notify();
+  slow.join();
+  fast.join();
+  stop.join();
+  on_provider_ = nullptr;
+  absl::StatusOr<handoff::v1::Source> s = manager_->GetSource("slow");
+  ASSERT_TRUE(s.ok());
+  absl::StatusOr<handoff::v1::Source> f = manager_->GetSource("fast");
+  ASSERT_TRUE(f.ok());
+  EXPECT_TRUE(f->desired_running());
+  // The StopSource ran after the StartSource had written its wish (a StopSource that
+  // slipped in between would leave desired_running set on a stopped source).
+  EXPECT_FALSE(s->desired_running());
+  EXPECT_EQ(s->progress().state(), handoff::v1::SOURCE_STATE_STOPPED);
 }
 
 TEST_F(ManagerTest, ListsPageThroughSourcesWithTokens) {

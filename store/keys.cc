@@ -1,5 +1,7 @@
 #include "store/keys.h"
 
+#include <optional>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -34,13 +36,25 @@ std::string Checkpoint(absl::string_view source_id, Stage stage) {
   return k;
 }
 
-void AssignPositional(absl::string_view source_id, Position pos, std::string* out) {
+namespace {
+
+// The one layout of a per-event key: "<id>\0", the stage byte for staged families,
+// then the position big-endian (so keys sort in source order).
+void AssignEventKey(absl::string_view source_id, std::optional<Stage> stage, Position pos,
+                    std::string* out) {
   out->clear();
-  out->reserve(source_id.size() + 1 + 16);
+  out->reserve(source_id.size() + 2 + 16);
   out->append(source_id.data(), source_id.size());
   out->push_back('\0');
+  if (stage.has_value()) out->push_back(static_cast<char>(*stage));
   AppendBigEndian64(out, pos.block);
   AppendBigEndian64(out, pos.log_index);
+}
+
+}  // namespace
+
+void AssignPositional(absl::string_view source_id, Position pos, std::string* out) {
+  AssignEventKey(source_id, std::nullopt, pos, out);
 }
 
 std::string Positional(absl::string_view source_id, Position pos) {
@@ -56,13 +70,7 @@ std::string StagePrefix(absl::string_view source_id, Stage stage) {
 }
 
 void AssignStaged(absl::string_view source_id, Stage stage, Position pos, std::string* out) {
-  out->clear();
-  out->reserve(source_id.size() + 2 + 16);
-  out->append(source_id.data(), source_id.size());
-  out->push_back('\0');
-  out->push_back(static_cast<char>(stage));
-  AppendBigEndian64(out, pos.block);
-  AppendBigEndian64(out, pos.log_index);
+  AssignEventKey(source_id, stage, pos, out);
 }
 
 std::string Staged(absl::string_view source_id, Stage stage, Position pos) {

@@ -32,11 +32,16 @@ void SseParser::MaybeStreamDataLine() {
   if (line_.size() <= kData.size() || !absl::StartsWith(line_, kData)) return;
   absl::string_view value = absl::string_view(line_).substr(kData.size());
   if (value[0] == ' ') value.remove_prefix(1);
-  if (has_data_) AppendData("\n");
-  AppendData(value);
-  has_data_ = any_field_ = true;
+  AddDataValue(value);
+  any_field_ = true;
   in_data_line_ = true;
   line_.clear();
+}
+
+void SseParser::AddDataValue(absl::string_view value) {
+  if (has_data_) AppendData("\n");  // data lines of one frame join with '\n'
+  AppendData(value);
+  has_data_ = true;
 }
 
 absl::Status SseParser::Fail() {
@@ -136,9 +141,7 @@ void SseParser::ProcessLine(absl::string_view line, const FrameCallback& on_fram
     if (!value.empty() && value[0] == ' ') value.remove_prefix(1);
   }
   if (name == "data") {
-    if (has_data_) AppendData("\n");
-    AppendData(value);
-    has_data_ = true;
+    AddDataValue(value);
   } else if (name == "event") {
     event_.assign(value.data(), value.size());
   } else if (name == "id") {

@@ -71,6 +71,8 @@ class SseParser {
   void ProcessLine(absl::string_view line, const FrameCallback& on_frame);
   // Appends to the frame's data, keeping data_slack_ spare capacity.
   void AppendData(absl::string_view bytes);
+  // One data line's value (or its start, for a streamed line) added to the frame.
+  void AddDataValue(absl::string_view value);
   // When the unterminated line_ is a data line whose value has begun: moves the value
   // into the frame's data and continues the line there (in_data_line_).
   void MaybeStreamDataLine();

@@ -134,8 +134,10 @@ MemoryFit FitMemory(const json& raw) {
 std::string BoundFormula() {
   return absl::StrFormat(
       "peak RSS <= R0 + storage ceiling + S x T + b x (%.1f x polling sources + %.1f x SSE "
-      "sources + %.0f)",
-      consumer::PollSourcePageFactor(), consumer::SseSourcePageFactor(consumer::PageMemoryInputs().sse_buffered_pages),
+      "sources + %.1f x min(S, %d) + %.0f)",
+      consumer::PollSourcePageFactor(),
+      consumer::SseSourcePageFactor(consumer::PageMemoryInputs().sse_buffered_pages),
+      consumer::kDomBytesPerWireByte, static_cast<int>(consumer::kDomParsers),
       consumer::ProcessPageFactor());
 }
 
@@ -373,9 +375,10 @@ absl::Status WriteReport(const Results& res, const std::string& out_dir) {
       "- T: what one source costs without pages (its thread, its libcurl handle, its "
       "buffers), measured as the idle probe's growth per source.\n"
       "- b x ...: every buffer that grows with a page, per source and per process "
-      "(`consumer/memory_bound.h`: body 2b, simdjson's DOM allocation 13.7b, a parsed "
-      "page 3.25b of which the prefetched and the SSE-buffered ones, the step's batch "
-      "1.5b; the row pool's 32 pages and the deleter's 4). The rows and encoded-rows "
+      "(`consumer/memory_bound.h`: body 2b, a parsed page 3.25b of which the prefetched "
+      "and the SSE-buffered ones, the step's batch 1.5b; per process the shared simdjson "
+      "parsers' DOM allocations, 13.7b each, one per source up to 8, the row pool's 32 "
+      "pages and the deleter's 4). The rows and encoded-rows "
       "factors are asserted by `page_parser_test` over the worst item shapes.\n\n";
   if (bound.ok()) {
     absl::StrAppend(&md, absl::StrFormat("T = %.2f MB per source (idle probe). ",

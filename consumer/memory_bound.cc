@@ -1,15 +1,20 @@
 #include "consumer/memory_bound.h"
 
+#include <algorithm>
+
 namespace handoff::consumer {
 
 double PollSourcePageFactor() {
-  return kPollBodyBytesPerWireByte + kDomBytesPerWireByte + 2 * kParsedPageBytesPerWireByte +
-         kStepBatchBytesPerWireByte;
+  return kPollBodyBytesPerWireByte + 2 * kParsedPageBytesPerWireByte + kStepBatchBytesPerWireByte;
 }
 
 double SseSourcePageFactor(size_t sse_buffered_pages) {
-  return kSseStreamBytesPerWireByte + kDomBytesPerWireByte +
-         (1 + sse_buffered_pages) * kParsedPageBytesPerWireByte + kStepBatchBytesPerWireByte;
+  return kSseStreamBytesPerWireByte + (1 + sse_buffered_pages) * kParsedPageBytesPerWireByte +
+         kStepBatchBytesPerWireByte;
+}
+
+double DomPageFactor(size_t sources) {
+  return static_cast<double>(std::min(sources, kDomParsers)) * kDomBytesPerWireByte;
 }
 
 double ProcessPageFactor() {
@@ -19,7 +24,8 @@ double ProcessPageFactor() {
 double PageMemoryBound(const PageMemoryInputs& in) {
   return static_cast<double>(in.largest_page_bytes) *
          (in.poll_sources * PollSourcePageFactor() +
-          in.sse_sources * SseSourcePageFactor(in.sse_buffered_pages) + ProcessPageFactor());
+          in.sse_sources * SseSourcePageFactor(in.sse_buffered_pages) +
+          DomPageFactor(in.poll_sources + in.sse_sources) + ProcessPageFactor());
 }
 
 }  // namespace handoff::consumer

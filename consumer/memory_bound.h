@@ -6,15 +6,14 @@
 //
 //   per polling source                       per SSE source
 //   body buffer (string growth)      2 b     stream buffers (line, data, frame)  3 b
-//   simdjson DOM (its allocation:    13.7 b  simdjson DOM                        13.7 b
-//     tape 8, strings 5/3, index 4)
 //   the page being committed and     6.5 b   the page being committed and the    3.25 b
 //     the prefetched one, each rows            buffered ones (sse_buffered_pages)  x (1 + n)
 //     2 b + encoded rows 1.25 b
 //   the step's WriteBatch            1.5 b   the step's WriteBatch               1.5 b
 //
-//   per process: the RowPool's pages of recycled rows (2 b each) and the deleter's queue
-//   of finished pages (3.25 b each).
+//   per process: the simdjson DOMs of the shared parsers, 13.7 b each (tape 8, strings
+//   5/3, index 4), min(sources, kDomParsers) of them; the RowPool's pages of recycled
+//   rows (2 b each) and the deleter's queue of finished pages (3.25 b each).
 //
 // The rows and encoded-rows factors are asserted by page_parser_test
 // (PageMemoryIsBoundedByItsWireBytes) over the smallest legal item, four topics and long
@@ -42,6 +41,9 @@ inline constexpr double kSseStreamBytesPerWireByte = 3.0;
 // Pages the process-wide holders keep (RowPool::Default(), SourceManager's deleter).
 inline constexpr size_t kPooledRowPages = 32;
 inline constexpr size_t kDeleterPages = 4;
+// simdjson parsers the process shares (PageParser's pool): the DOMs of at most this
+// many pages, or of one per source when fewer sources run.
+inline constexpr size_t kDomParsers = 8;
 
 struct PageMemoryInputs {
   size_t poll_sources = 0;
@@ -53,10 +55,13 @@ struct PageMemoryInputs {
 };
 
 // Bytes held per byte of the largest page: by one polling source, by one SSE source
-// buffering `sse_buffered_pages`, and by the process-wide holders.
+// buffering `sse_buffered_pages`, and by the process-wide holders but the parsers.
 double PollSourcePageFactor();
 double SseSourcePageFactor(size_t sse_buffered_pages);
 double ProcessPageFactor();
+// Bytes held by the shared parsers' DOMs per byte of the largest page, with `sources`
+// sources running.
+double DomPageFactor(size_t sources);
 
 // The most bytes the ingest path holds for pages with `inputs`.
 double PageMemoryBound(const PageMemoryInputs& inputs);

@@ -25,7 +25,10 @@
 // strings cost, which the row pool removes in production; what remains is hex
 // validation (SSE2), copying each string out of the DOM and encoding the stored row.
 //
-// Thread-compatible: one PageParser per thread (it reuses its buffers between pages).
+// Thread-compatible: one PageParser per thread. The simdjson parser each parse needs is
+// lent by a process-wide pool of at most kDomParsers (consumer/memory_bound.h), kept
+// warm between pages and returned as soon as the page is read out of its DOM; a parse
+// that finds every one lent waits for one.
 #ifndef HANDOFF_CONSUMER_PROVIDER_PAGE_PARSER_H_
 #define HANDOFF_CONSUMER_PROVIDER_PAGE_PARSER_H_
 
@@ -54,6 +57,14 @@ class PageParser {
   // Parses `*json` in place; grows its capacity by Padding() first when needed (so a
   // caller that reserves size + Padding() never pays a copy). The contents are unchanged.
   absl::StatusOr<Page> ParseOwned(std::string* json);
+
+  // The process-wide pool of simdjson parsers: how many exist, and how many of them are
+  // idle (not lent to a parse).
+  struct SharedParsers {
+    size_t created = 0;
+    size_t idle = 0;
+  };
+  static SharedParsers SharedParserCounts();
 
  private:
   struct Impl;

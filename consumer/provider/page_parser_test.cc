@@ -1,6 +1,9 @@
 #include "consumer/provider/page_parser.h"
 
+#include <atomic>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -163,6 +166,30 @@ TEST(PageParserTest, ReusedParserAndOwnedBuffer) {
   }
   EXPECT_FALSE(parser.Parse("{").ok());
   EXPECT_TRUE(parser.Parse(ValidPage()).ok());
+}
+
+// Every parse borrows one of the process's shared simdjson parsers: however many
+// threads parse at once, no more than kDomParsers exist, and all are back afterwards.
+TEST(PageParserTest, ConcurrentParsesShareAtMostKDomParsers) {
+  const std::string json = ValidPage();
+  constexpr int kThreads = 3 * static_cast<int>(kDomParsers);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      PageParser parser;
+      for (int i = 0; i < 50; ++i) {
+        absl::StatusOr<Page> page = parser.Parse(json);
+        if (!page.ok() || page->items.size() != 2) failures.fetch_add(1);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  const PageParser::SharedParsers counts = PageParser::SharedParserCounts();
+  EXPECT_GE(counts.created, 1u);
+  EXPECT_LE(counts.created, kDomParsers);
+  EXPECT_EQ(counts.idle, counts.created);
 }
 
 TEST(PageParserTest, NullsAndEmptyItems) {

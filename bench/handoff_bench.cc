@@ -172,6 +172,11 @@ class Runner {
     o.chain.logs_per_block = kLogsPerBlock;
     o.chain.initial_head = events_per_source / kLogsPerBlock - 1;
     o.threads = threads;
+    // SSE bodies end with the connection instead of being chunked: cpp-httplib copies
+    // each chunked write about three times, ~30% of the simulator's CPU while streaming,
+    // on the cores it shares with the probe (SSE/1000 +6% in 4 interleaved pairs,
+    // bench/HISTORY.md item 48). The client reads both framings (http_provider_test).
+    o.sse_close_delimited = true;
     sim::ProviderSim sim(o);
     absl::StatusOr<int> port = sim.Start(0);
     if (!port.ok()) return json{{"error", port.status().ToString()}};

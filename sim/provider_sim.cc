@@ -408,10 +408,14 @@ void ProviderSim::HandleStream(const httplib::Request& req, httplib::Response& r
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
   open_streams_.fetch_add(1);
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, stream](size_t, httplib::DataSink& sink) { return StreamStep(*stream, sink); },
-      [this](bool) { open_streams_.fetch_sub(1); });
+  auto step = [this, stream](size_t, httplib::DataSink& sink) { return StreamStep(*stream, sink); };
+  auto released = [this](bool) { open_streams_.fetch_sub(1); };
+  if (options_.sse_close_delimited) {
+    res.set_header("Connection", "close");
+    res.set_content_provider("text/event-stream", std::move(step), std::move(released));
+  } else {
+    res.set_chunked_content_provider("text/event-stream", std::move(step), std::move(released));
+  }
 }
 
 bool ProviderSim::SleepUnlessStopping(absl::Duration d) {

@@ -33,6 +33,9 @@ ABSL_FLAG(uint32_t, reorg_depth, 3, "blocks replaced by a reorg");
 ABSL_FLAG(int, heartbeat_ms, 30000, "SSE heartbeat interval");
 ABSL_FLAG(int, threads, 64, "server threads (each open stream holds one)");
 ABSL_FLAG(bool, decimal_strings, false, "page numbers as decimal strings");
+ABSL_FLAG(bool, sse_close_delimited, false,
+          "SSE bodies end at the connection's close instead of being chunked (cheaper to "
+          "serve)");
 ABSL_FLAG(std::string, bearer_token_env, "", "env var holding the required bearer token");
 ABSL_FLAG(std::string, faults, "",
           "comma-separated kind=probability or kind=once|<count>, e.g. truncated_body=0.01");
@@ -64,6 +67,7 @@ int main(int argc, char** argv) {
   o.threads = absl::GetFlag(FLAGS_threads);
   o.host = absl::GetFlag(FLAGS_host);
   o.decimal_strings = absl::GetFlag(FLAGS_decimal_strings);
+  o.sse_close_delimited = absl::GetFlag(FLAGS_sse_close_delimited);
   o.fault_settings.retry_after_seconds = absl::GetFlag(FLAGS_retry_after);
   o.fault_settings.rate_limit_seconds = absl::GetFlag(FLAGS_rate_limit);
   o.fault_settings.silence = absl::Milliseconds(absl::GetFlag(FLAGS_silence_ms));

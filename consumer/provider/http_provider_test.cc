@@ -36,6 +36,7 @@ class HttpProviderTest : public ::testing::Test {
     if (o.heartbeat == absl::Seconds(30)) o.heartbeat = absl::Seconds(60);
     o.fault_settings.retry_after_seconds = 7;
     o.fault_settings.rate_limit_seconds = 3;
+    o.sse_close_delimited = sse_close_delimited_;
     sim_ = std::make_unique<sim::ProviderSim>(o);
     ASSERT_TRUE(sim_->Start(0).ok());
   }
@@ -80,6 +81,12 @@ class HttpProviderTest : public ::testing::Test {
     return out;
   }
 
+  // The SSE tests run over both body framings a server may use: chunked, and
+  // delimited by the connection's close (no length, no chunks).
+  void CheckSseWalkFromTheCommittedCursor();
+  void CheckSseReconnectsAfterDropsAndControls();
+
+  bool sse_close_delimited_ = false;
   std::unique_ptr<sim::ProviderSim> sim_;
 };
 
@@ -352,6 +359,16 @@ TEST_F(HttpProviderTest, PageSizeLimitAbortsTheTransfer) {
 }
 
 TEST_F(HttpProviderTest, SseStreamsFromTheCommittedCursorWithLastEventId) {
+  CheckSseWalkFromTheCommittedCursor();
+}
+
+TEST_F(HttpProviderTest, CloseDelimitedSseStreamsFromTheCommittedCursor) {
+  sse_close_delimited_ = true;
+  StartSim(sim::ProviderSimOptions());
+  CheckSseWalkFromTheCommittedCursor();
+}
+
+void HttpProviderTest::CheckSseWalkFromTheCommittedCursor() {
   auto p = Make(Options(handoff::v1::TRANSPORT_SSE));
   std::string cursor = "0";
   std::vector<handoff::v1::EventRow> rows;
@@ -410,6 +427,15 @@ FetchResult UntilRefusal(HttpProvider* p, std::string* cursor) {
 }
 
 TEST_F(HttpProviderTest, SseReconnectsFromCommittedCursorAfterDropsAndControls) {
+  CheckSseReconnectsAfterDropsAndControls();
+}
+
+TEST_F(HttpProviderTest, CloseDelimitedSseReconnectsAfterDropsAndControls) {
+  sse_close_delimited_ = true;
+  CheckSseReconnectsAfterDropsAndControls();
+}
+
+void HttpProviderTest::CheckSseReconnectsAfterDropsAndControls() {
   sim::ProviderSimOptions o;
   o.heartbeat = absl::Milliseconds(100);  // at the tip, a reconnect gets a heartbeat soon
   StartSim(o);
@@ -421,9 +447,13 @@ TEST_F(HttpProviderTest, SseReconnectsFromCommittedCursorAfterDropsAndControls) 
     RefusalKind kind;
     std::string code;
   };
+  // A dropped connection is a transport error in a chunked body, but the end of a
+  // close-delimited one (HTTP cannot tell it from the server finishing): both are
+  // transient, and an unfinished frame is discarded either way.
+  const std::string dropped = sse_close_delimited_ ? "stream_closed" : "network";
   for (const Case& c : std::vector<Case>{
-           {Fault::kDropConnection, RefusalKind::kTransient, "network"},
-           {Fault::kIncompleteSseFrame, RefusalKind::kTransient, "network"},
+           {Fault::kDropConnection, RefusalKind::kTransient, dropped},
+           {Fault::kIncompleteSseFrame, RefusalKind::kTransient, dropped},
            {Fault::kChainUnavailable, RefusalKind::kRetryAfter, "chain_unavailable"},
            {Fault::kResyncRequired, RefusalKind::kResyncRequired, "resync_required"},
            {Fault::kPaymentRequired, RefusalKind::kFundingRequired, "insufficient_credit"},

@@ -85,8 +85,7 @@ class CountingObserver : public consumer::EngineObserver {
     if (!first_.count(key)) first_[key] = now;
     last_[key] = now;
     total_ += events;
-    if (snapshot_target_ > 0 && total_ >= snapshot_target_ && !snapshot_taken_) {
-      snapshot_taken_ = true;
+    if (snapshot_target_ > 0 && total_ >= snapshot_target_ && !snapshot_time_.has_value()) {
       snapshot_time_ = now;
       snapshot_ = per_source_;
     }
@@ -122,8 +121,8 @@ class CountingObserver : public consumer::EngineObserver {
   }
   std::optional<std::pair<absl::Time, std::map<std::string, int64_t>>> snapshot() {
     absl::MutexLock lock(&mu_);
-    if (!snapshot_taken_) return std::nullopt;
-    return std::make_pair(snapshot_time_, snapshot_);
+    if (!snapshot_time_.has_value()) return std::nullopt;
+    return std::make_pair(*snapshot_time_, snapshot_);
   }
   bool WaitFirstCommit(absl::Time deadline) { return WaitTotal(1, deadline) || commits() > 0; }
   int64_t total() {
@@ -173,8 +172,7 @@ class CountingObserver : public consumer::EngineObserver {
   std::map<std::string, absl::Time> last_ ABSL_GUARDED_BY(mu_);
   std::string error_ ABSL_GUARDED_BY(mu_);
   int64_t snapshot_target_ ABSL_GUARDED_BY(mu_) = 0;
-  bool snapshot_taken_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Time snapshot_time_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Time> snapshot_time_ ABSL_GUARDED_BY(mu_);  // set once, when taken
   std::map<std::string, int64_t> snapshot_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -378,10 +378,21 @@ std::optional<PageAttempt::Result> PageAttempt::CommitSlots(
   if (with_barrier && FaultPoints::Hit(PointName(config_.stage, "before_barrier"))) {
     return Make(Kind::kCrashed, "before_barrier");
   }
+  if (config_.before_commit) {
+    absl::Status s = config_.before_commit();
+    if (absl::IsCancelled(s)) return Make(Kind::kCancelled, std::string(s.message()));
+    if (!s.ok()) return Make(Kind::kStorageFailed, std::string(s.message()), s);
+  }
   const int events = static_cast<int>(newly.size());
+  // Only a plain page is deferred: its step changes rows, receipts, outbox entries and
+  // the checkpoint, whose outside readers wait for durability (QueryEvents, the
+  // dispatcher); holds and quarantine records are listed as stored, so they stay synced.
+  const bool defer =
+      with_barrier && config_.defer_barrier_sync && !step->changes_operator_records();
   const absl::Time start = absl::Now();
+  store::SyncTicket ticket;
   absl::StatusOr<store::CheckpointRecord> committed =
-      config_.store->CommitStep(config_.stage, step, fence, update);
+      config_.store->CommitStep(config_.stage, step, fence, update, defer ? &ticket : nullptr);
   if (!committed.ok()) {
     if (absl::IsAborted(committed.status())) {
       return Make(Kind::kLostRace, std::string(committed.status().message()), committed.status());
@@ -401,6 +412,18 @@ std::optional<PageAttempt::Result> PageAttempt::CommitSlots(
     }
   }
   clear_applied_ = false;
+  if (defer) {
+    // Not durable yet: the observer and the fault points after the commit are the
+    // caller's, once the ticket is synced.
+    Result r = Make(Kind::kPromoted);
+    UnsyncedBarrier& u = r.unsynced.emplace();
+    u.ticket = ticket;
+    u.checkpoint = checkpoint_;
+    u.events = events;
+    u.commit_start = start;
+    if (after_point != nullptr) u.after_point = PointName(config_.stage, after_point);
+    return r;
+  }
   if (config_.observer != nullptr) {
     config_.observer->OnCommit(config_.source_id, events, absl::Now() - start);
   }

@@ -86,6 +86,17 @@ struct AttemptConfig {
   const std::atomic<bool>* cancelled = nullptr;
   // With a sink: answers already in flight for the attempt's first call; may be null.
   EarlyDelivery* early = nullptr;
+  // Ingest: the barrier's commit does not wait for its fsync (Store::CommitStep's
+  // deferred form), so that the next page's work overlaps it. Run() then returns
+  // kPromoted with `Result::unsynced` set, and the page is durable, and may be
+  // published or acted on outside the process, only once the caller's
+  // Store::AwaitSynced of its ticket returned OK (SourceWorker::SettleUnsynced).
+  bool defer_barrier_sync = false;
+  // Called before each commit of the attempt: settles the previous attempt's unsynced
+  // barrier, so that pages become durable and are published in order and at most one
+  // is ever unsynced. Non-OK ends the attempt: kCancelled for CANCELLED, otherwise
+  // kStorageFailed. May be empty.
+  std::function<absl::Status()> before_commit;
   // With a sink: called on the attempt's thread once every event of the attempt has a
   // clean answer and only the final step's commit remains (so that the worker can send
   // the next call during it); may be empty.
@@ -94,6 +105,18 @@ struct AttemptConfig {
 
 // The finality a gated delivery reports (every delivered event passed the gate).
 handoff::v1::Finality GatedFinality(handoff::v1::DeliveryGate gate);
+
+// A page barrier written with AttemptConfig::defer_barrier_sync: what completes it once
+// its ticket is synced.
+struct UnsyncedBarrier {
+  store::SyncTicket ticket;
+  store::CheckpointRecord checkpoint;  // the promoted checkpoint
+  int events = 0;                      // committed in the barrier's step
+  absl::Time commit_start;
+  // The fault point that follows the step's commit ("ingest.after_event_commit"), or
+  // empty; hit once it is durable, before "ingest.after_barrier".
+  std::string after_point;
+};
 
 class PageAttempt {
  public:
@@ -113,6 +136,7 @@ class PageAttempt {
     std::string detail;
     absl::Status status;
     absl::Time retry_at = absl::InfinitePast();
+    std::optional<UnsyncedBarrier> unsynced;  // kPromoted only
   };
 
   // `checkpoint` is the stage's checkpoint loaded at the start of the attempt;

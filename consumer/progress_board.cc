@@ -37,6 +37,17 @@ std::vector<handoff::v1::Progress> ProgressBoard::All() const {
   return out;
 }
 
+bool ProgressBoard::AwaitCheckpointVersion(absl::string_view id, uint64_t version,
+                                           absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    auto it = entries_.find(id);
+    if (closed_ || it == entries_.end()) return false;
+    if (it->second.progress.checkpoint().checkpoint_version() >= version) return true;
+    if (changed_.WaitWithDeadline(&mu_, deadline)) return false;  // timed out
+  }
+}
+
 ProgressBoard::WaitResult ProgressBoard::Wait(absl::string_view id, uint64_t* generation,
                                               absl::Time deadline, handoff::v1::Progress* out) {
   absl::MutexLock lock(&mu_);

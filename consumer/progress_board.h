@@ -37,6 +37,11 @@ class ProgressBoard {
   WaitResult Wait(absl::string_view id, uint64_t* generation, absl::Time deadline,
                   handoff::v1::Progress* out) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Waits until the published ingest checkpoint of `id` is at `version` or later; false
+  // if the deadline passes, the source leaves the board or the board closes first.
+  bool AwaitCheckpointVersion(absl::string_view id, uint64_t version, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Wakes every waiter with kClosed (shutdown).
   void Close() ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -647,23 +647,34 @@ absl::StatusOr<handoff::v1::QueryEventsResponse> SourceManagerImpl::QueryEvents(
   RETURN_IF_ERROR(store_->GetSource(request.source_id()).status());
   const Position to{request.to_block() == 0 ? kMaxIndex : request.to_block(), kMaxIndex};
   handoff::v1::QueryEventsResponse response;
+  // The checkpoint and the rows of one durable view: a running worker's last page may
+  // be written but not yet synced (WorkerOptions::overlap_barrier_sync), and a caller
+  // must never see rows that a power loss could take back.
+  ASSIGN_OR_RETURN(std::unique_ptr<store::Store::Snapshot> view, store_->NewSyncedSnapshot());
   ASSIGN_OR_RETURN(store::CheckpointRecord cp,
-                   store_->LoadCheckpoint(request.source_id(), store::Stage::kIngest));
+                   store_->LoadCheckpoint(request.source_id(), store::Stage::kIngest, view.get()));
   *response.mutable_checkpoint() = PublicCheckpoint(cp);
   absl::Status parse_error;
   std::optional<Position> next;
-  RETURN_IF_ERROR(store_->ScanRows(request.source_id(), from, to,
-                                   [&](Position pos, absl::string_view value) {
-                                     if (response.rows_size() == size) {
-                                       next = pos;
-                                       return false;
-                                     }
-                                     parse_error =
-                                         store::DecodeRow(value, response.add_rows());
-                                     if (!parse_error.ok()) return false;
-                                     return true;
-                                   }));
+  RETURN_IF_ERROR(store_->ScanRows(
+      request.source_id(), from, to,
+      [&](Position pos, absl::string_view value) {
+        if (response.rows_size() == size) {
+          next = pos;
+          return false;
+        }
+        parse_error = store::DecodeRow(value, response.add_rows());
+        if (!parse_error.ok()) return false;
+        return true;
+      },
+      view.get()));
   RETURN_IF_ERROR(parse_error);
+  // Its worker publishes that page once its own wait for the same sync returns: wait
+  // for it (briefly), so that GetProgress never shows this caller an older checkpoint.
+  if (IsRunning(request.source_id())) {
+    board_.AwaitCheckpointVersion(request.source_id(), cp.version(),
+                                  absl::Now() + absl::Seconds(1));
+  }
   if (next.has_value()) {
     std::string raw;
     store::keys::AppendBigEndian64(&raw, next->block);

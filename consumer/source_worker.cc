@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "consumer/fault_points.h"
 #include "consumer/outcome_policy.h"
 #include "consumer/thread_priority.h"
@@ -221,6 +222,10 @@ void SourceWorker::Halt(handoff::v1::SourceState state, const std::string& reaso
 }
 
 void SourceWorker::PublishCheckpoint(store::Stage stage, const store::CheckpointRecord& cp) {
+  if (stage == store::Stage::kIngest) {
+    absl::MutexLock lock(&mu_);
+    published_ingest_ = cp;
+  }
   parts_.board->Update(spec_.id(), [&](handoff::v1::Progress* p) {
     if (stage == store::Stage::kIngest) {
       FillProgressFromCheckpoint(cp, p);
@@ -276,9 +281,14 @@ void SourceWorker::Release(std::unique_ptr<PageAttempt> attempt) {
   }  // else destroyed here
 }
 
-AttemptConfig SourceWorker::MakeConfig(store::Stage stage) const {
-  return MakeAttemptConfig(spec_, stage, parts_.store, parts_.sink.get(), parts_.effect,
-                           parts_.observer, options_, &stop_);
+AttemptConfig SourceWorker::MakeConfig(store::Stage stage) {
+  AttemptConfig c = MakeAttemptConfig(spec_, stage, parts_.store, parts_.sink.get(),
+                                      parts_.effect, parts_.observer, options_, &stop_);
+  if (stage == store::Stage::kIngest && options_.overlap_barrier_sync) {
+    c.defer_barrier_sync = true;
+    c.before_commit = [this] { return SettleUnsynced(); };
+  }
+  return c;
 }
 
 bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
@@ -289,7 +299,16 @@ bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
   }
   while (true) {
     PageAttempt::Result r = attempt->Run();
-    if (stage == store::Stage::kIngest) PublishAttempt(attempt);
+    if (stage == store::Stage::kIngest) {
+      PublishAttempt(attempt);
+      if (r.unsynced.has_value()) {
+        unsynced_ = *std::move(r.unsynced);  // published by SettleUnsynced
+        return true;
+      }
+      // Nothing of this attempt waits for a sync: the previous page is published before
+      // the worker waits, halts or leaves (a crash abandons it as it is).
+      if (r.kind != Kind::kCrashed && !SettleOrHalt()) return false;
+    }
     switch (r.kind) {
       case Kind::kPromoted:
         PublishCheckpoint(stage, attempt->checkpoint());
@@ -328,6 +347,37 @@ bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
         break;
     }
   }
+}
+
+absl::Status SourceWorker::SettleUnsynced() {
+  if (!unsynced_.has_value()) return absl::OkStatus();
+  UnsyncedBarrier u = *std::move(unsynced_);
+  unsynced_.reset();
+  RETURN_IF_ERROR(parts_.store->AwaitSynced(u.ticket));
+  auto crash = [this] {
+    crashed_.store(true);
+    stop_.store(true);
+    return absl::CancelledError("crashed at a fault point");
+  };
+  if (parts_.observer != nullptr) {
+    parts_.observer->OnCommit(spec_.id(), u.events, absl::Now() - u.commit_start);
+  }
+  if (!u.after_point.empty() && FaultPoints::Hit(u.after_point)) return crash();
+  if (parts_.observer != nullptr) parts_.observer->OnPageCommitted(spec_.id());
+  if (FaultPoints::Hit("ingest.after_barrier")) return crash();
+  PublishCheckpoint(store::Stage::kIngest, u.checkpoint);
+  if (gated_) Poke();
+  return absl::OkStatus();
+}
+
+bool SourceWorker::SettleOrHalt() {
+  absl::Status s = SettleUnsynced();
+  if (s.ok()) return true;
+  if (!absl::IsCancelled(s) && !halted_.load()) {
+    Halt(handoff::v1::SOURCE_STATE_STORAGE_FAILED,
+         absl::StrCat("the sync of a committed page failed: ", s.message()), s);
+  }
+  return false;
 }
 
 void SourceWorker::IngestLoop() {
@@ -374,6 +424,8 @@ void SourceWorker::IngestLoop() {
     if (fetched.refusal.has_value()) {
       const Refusal& f = *fetched.refusal;
       if (f.kind == RefusalKind::kCancelled) break;
+      // The previous page is published before the worker backs off or halts.
+      if (!SettleOrHalt()) break;
       if (parts_.observer != nullptr) {
         parts_.observer->OnRefusal(spec_.id(), f.code.empty() ? "network" : f.code);
       }
@@ -451,12 +503,23 @@ void SourceWorker::IngestLoop() {
     }
     backoff.Reset();
     idle_backoff.Reset();
-    if (gated_) Poke();
+    if (gated_ && !unsynced_.has_value()) Poke();  // else SettleUnsynced pokes
   }
+  // A stop leaves the last page published (a crash abandons it as it is).
+  if (!crashed_.load()) SettleOrHalt();
   if (!halted_.load() && !crashed_.load()) {
     SetState(handoff::v1::SOURCE_STATE_STOPPED, "");
   }
   ThreadDone();
+}
+
+absl::StatusOr<store::CheckpointRecord> SourceWorker::PublishedIngest() const {
+  {
+    absl::MutexLock lock(&mu_);
+    if (published_ingest_.has_value()) return *published_ingest_;
+  }
+  // Not published yet: nothing of this run is unsynced, the stored one is durable.
+  return parts_.store->LoadCheckpoint(spec_.id(), store::Stage::kIngest);
 }
 
 absl::Status SourceWorker::ReadOutbox(Position from, Position to, size_t limit,
@@ -508,8 +571,9 @@ void SourceWorker::DeliveryLoop() {
   while (!stopping()) {
     absl::StatusOr<store::CheckpointRecord> dcp =
         parts_.store->LoadCheckpoint(spec_.id(), store::Stage::kDelivery);
-    absl::StatusOr<store::CheckpointRecord> icp =
-        parts_.store->LoadCheckpoint(spec_.id(), store::Stage::kIngest);
+    // The gate's marks come from the ingest checkpoint the ingest thread published,
+    // which is durable; the stored one may be a page ahead, its sync still in flight.
+    absl::StatusOr<store::CheckpointRecord> icp = PublishedIngest();
     if (!dcp.ok() || !icp.ok()) {
       absl::Status s = !dcp.ok() ? dcp.status() : icp.status();
       Halt(handoff::v1::SOURCE_STATE_STORAGE_FAILED,

@@ -69,6 +69,12 @@ struct WorkerOptions {
   // p99 under full ingest 1.58-2.52 ms over 8 runs instead of 2.7-3.0 ms, at the risk
   // described there. Off by default.
   bool thread_sched_idle = false;
+  // Ingest writes each page's barrier without waiting for its fsync and validates and
+  // stages the next page while the store's WalSyncer syncs it; the page is published
+  // (progress, delivery, observers) only once synced, and is synced before the next
+  // page commits (AttemptConfig::defer_barrier_sync). Off: every commit waits for its
+  // own fsync.
+  bool overlap_barrier_sync = true;
   // The dispatcher re-checks the gate at least this often without a poke.
   absl::Duration delivery_idle_recheck = absl::Seconds(5);
 };
@@ -137,8 +143,19 @@ class SourceWorker {
   // Sends the first call of the run after `after` (outbox entries up to `to`) on a
   // helper thread: the lookahead of DeliveryLoop. Null when there is nothing to send.
   std::unique_ptr<EarlyDelivery> SendEarly(Position after, Position to);
-  // Runs one attempt to its end. Returns false when the loop must exit.
+  // Runs one attempt to its end. Returns false when the loop must exit. An ingest
+  // attempt that leaves an unsynced barrier stores it in unsynced_.
   bool DriveAttempt(PageAttempt* attempt, store::Stage stage);
+  // Waits until the unsynced barrier (if any) is durable, then publishes it: progress,
+  // observers, the fault points after it, a poke of the dispatcher. CANCELLED when a
+  // fault point fired there (the worker is crashed), the sync's error when it failed
+  // (nothing was published). Ingest thread only.
+  absl::Status SettleUnsynced();
+  // SettleUnsynced, halting as STORAGE_FAILED if its sync failed. False when the
+  // worker must stop (halted or crashed).
+  bool SettleOrHalt();
+  // The ingest checkpoint last published (durable), else the stored one.
+  absl::StatusOr<store::CheckpointRecord> PublishedIngest() const ABSL_LOCKS_EXCLUDED(mu_);
   Wake WaitUntil(absl::Time deadline, bool* poked_flag) ABSL_LOCKS_EXCLUDED(mu_);
   void SetState(handoff::v1::SourceState state, const std::string& reason,
                 absl::Time retry_at = absl::InfinitePast());
@@ -149,7 +166,7 @@ class SourceWorker {
   // Hands a finished attempt (and its page) to the deleter, or destroys it.
   void Release(std::unique_ptr<PageAttempt> attempt);
   void ThreadDone() ABSL_LOCKS_EXCLUDED(mu_);
-  AttemptConfig MakeConfig(store::Stage stage) const;
+  AttemptConfig MakeConfig(store::Stage stage);
   bool stopping() const { return stop_.load(); }
 
   // Constant after construction.
@@ -166,8 +183,12 @@ class SourceWorker {
   absl::CondVar cv_;
   bool ingest_poked_ ABSL_GUARDED_BY(mu_) = false;
   bool delivery_poked_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<store::CheckpointRecord> published_ingest_ ABSL_GUARDED_BY(mu_);
   int running_threads_ ABSL_GUARDED_BY(mu_) = 0;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
+
+  // The last promoted page while its barrier's sync is in flight. Ingest thread only.
+  std::optional<UnsyncedBarrier> unsynced_;
 
   std::thread ingest_thread_;
   std::thread delivery_thread_;

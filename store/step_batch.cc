@@ -38,18 +38,22 @@ void StepBatch::DeleteReceipt(Stage stage, Position pos) {
 
 void StepBatch::PutQuarantine(Stage stage, Position pos,
                               const handoff::v1::QuarantineRecord& rec) {
+  changes_operator_records_ = true;
   Put(cfs_->quarantine, StagedKey(stage, pos), rec);
 }
 
 void StepBatch::DeleteQuarantine(Stage stage, Position pos) {
+  changes_operator_records_ = true;
   batch_.Delete(cfs_->quarantine, StagedKey(stage, pos));
 }
 
 void StepBatch::PutHold(Stage stage, Position pos, const handoff::v1::Hold& hold) {
+  changes_operator_records_ = true;
   Put(cfs_->holds, StagedKey(stage, pos), hold);
 }
 
 void StepBatch::DeleteHold(Stage stage, Position pos) {
+  changes_operator_records_ = true;
   batch_.Delete(cfs_->holds, StagedKey(stage, pos));
 }
 

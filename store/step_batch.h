@@ -56,7 +56,13 @@ class StepBatch {
   int count() const { return batch_.Count(); }
   bool empty() const { return batch_.Count() == 0; }
   size_t byte_size() const { return batch_.GetDataSize(); }
-  void Clear() { batch_.Clear(); }
+  // True once the step puts or deletes a hold or a quarantine record: what operators
+  // list and act on (such a step is never committed deferred, see Store::CommitStep).
+  bool changes_operator_records() const { return changes_operator_records_; }
+  void Clear() {
+    batch_.Clear();
+    changes_operator_records_ = false;
+  }
 
  private:
   friend class Store;
@@ -72,6 +78,7 @@ class StepBatch {
   rocksdb::WriteBatch batch_;
   std::string scratch_;  // a serialized record
   std::string key_;      // an event's key
+  bool changes_operator_records_ = false;
 };
 
 }  // namespace handoff::store

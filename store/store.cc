@@ -208,9 +208,12 @@ Store::Store(const StoreOptions& options, rocksdb::DB* db,
   cfs_.outbox = handles_[7];
   cfs_.meta = handles_[8];
   write_options_.sync = options.sync;
+  if (options.sync) syncer_ = std::make_unique<WalSyncer>([this] { return SyncWal(); });
 }
 
 Store::~Store() {
+  // Makes the deferred commits durable (unless the store failed), then stops its thread.
+  syncer_.reset();
   // After a write failure, closing must not flush or sync again (see Open).
   if (!health().ok()) {
     db_->SetDBOptions({{"avoid_flush_during_shutdown", "true"}}).PermitUncheckedError();
@@ -307,15 +310,42 @@ absl::Status Store::CheckFreeSpace(size_t bytes) const {
   return absl::OkStatus();
 }
 
-absl::Status Store::Write(rocksdb::WriteBatch* batch, absl::string_view operation) {
+absl::Status Store::Write(rocksdb::WriteBatch* batch, absl::string_view operation,
+                          SyncTicket* deferred) {
   RETURN_IF_ERROR(CheckWritable(operation));
   absl::Status s = CheckFreeSpace(batch->GetDataSize());
-  if (s.ok()) s = FromRocks(db_->Write(write_options_, batch), operation);
+  if (s.ok()) {
+    rocksdb::WriteOptions wo = write_options_;
+    if (deferred != nullptr) wo.sync = false;
+    s = FromRocks(db_->Write(wo, batch), operation);
+  }
+  if (!s.ok() && syncer_ != nullptr && !syncer_->AwaitIdle().ok()) {
+    // A background sync failed first and took RocksDB's WAL writer down with it (this
+    // write then reads "Writer has previous error"): report the sync's error, the cause.
+    RETURN_IF_ERROR(CheckWritable(operation));
+  }
+  if (!s.ok()) {
+    absl::MutexLock lock(&health_mu_);
+    if (write_failure_.ok()) write_failure_ = s;
+    return s;
+  }
+  if (deferred != nullptr) *deferred = syncer_ != nullptr ? syncer_->Written() : SyncTicket{};
+  return s;
+}
+
+absl::Status Store::SyncWal() {
+  RETURN_IF_ERROR(CheckWritable("WAL sync"));
+  absl::Status s = FromRocks(db_->SyncWAL(), "WAL sync");
   if (!s.ok()) {
     absl::MutexLock lock(&health_mu_);
     if (write_failure_.ok()) write_failure_ = s;
   }
   return s;
+}
+
+absl::Status Store::AwaitSynced(SyncTicket ticket) {
+  if (syncer_ == nullptr || ticket.value == 0) return absl::OkStatus();
+  return syncer_->Await(ticket);
 }
 
 absl::Status Store::Flush() {
@@ -398,8 +428,16 @@ absl::StatusOr<uint64_t> Store::NextVersionLocked(absl::string_view id) {
 
 // ---- Checkpoints ----
 
-absl::StatusOr<CheckpointRecord> Store::LoadCheckpoint(absl::string_view id, Stage stage) {
-  return LoadCheckpointLocked(id, stage);
+absl::StatusOr<CheckpointRecord> Store::LoadCheckpoint(absl::string_view id, Stage stage,
+                                                       const Snapshot* at) {
+  std::string value;
+  rocksdb::ReadOptions ro;
+  if (at != nullptr) ro.snapshot = at->snapshot_;
+  RETURN_IF_ERROR(FromRocks(db_->Get(ro, cfs_.checkpoints, keys::Checkpoint(id, stage), &value),
+                            absl::StrCat("load checkpoint of ", id)));
+  CheckpointRecord record;
+  if (!record.ParseFromString(value)) return Corrupt("checkpoint", id);
+  return record;
 }
 
 absl::StatusOr<CheckpointRecord> Store::LoadCheckpointLocked(absl::string_view id, Stage stage) {
@@ -438,7 +476,8 @@ absl::Status Store::ResetSource(absl::string_view id, const CheckpointRecord& in
 
 absl::StatusOr<CheckpointRecord> Store::CommitStep(Stage stage, StepBatch* step,
                                                    const Fence& fence,
-                                                   const CheckpointUpdate& update) {
+                                                   const CheckpointUpdate& update,
+                                                   SyncTicket* deferred) {
   const std::string& id = step->source_id();
   // A failed store answers FAILED_PRECONDITION before the fence is looked at: an
   // ABORTED would send the caller to reread and retry against a store that cannot write.
@@ -530,7 +569,7 @@ absl::StatusOr<CheckpointRecord> Store::CommitStep(Stage stage, StepBatch* step,
   // left as the caller built it, not with a stale checkpoint appended.
   batch->SetSavePoint();
   batch->Put(cfs_.checkpoints, keys::Checkpoint(id, stage), value);
-  absl::Status s = Write(batch, absl::StrCat("commit step of ", id));
+  absl::Status s = Write(batch, absl::StrCat("commit step of ", id), deferred);
   if (!s.ok()) {
     batch->RollbackToSavePoint().PermitUncheckedError();
     return s;
@@ -558,6 +597,14 @@ Store::Snapshot::~Snapshot() { db_->ReleaseSnapshot(snapshot_); }
 
 std::unique_ptr<Store::Snapshot> Store::NewSnapshot() const {
   return std::unique_ptr<Snapshot>(new Snapshot(db_.get()));
+}
+
+absl::StatusOr<std::unique_ptr<Store::Snapshot>> Store::NewSyncedSnapshot() {
+  std::unique_ptr<Snapshot> snapshot = NewSnapshot();
+  // A write the snapshot sees wrote its WAL record before its memtable insert, so
+  // before the snapshot: a sync requested now begins after it and covers it.
+  if (syncer_ != nullptr) RETURN_IF_ERROR(syncer_->Await(syncer_->Written()));
+  return snapshot;
 }
 
 absl::Status Store::DeleteKeysOf(absl::string_view id,

@@ -21,7 +21,11 @@
 //
 // Invariants kept here:
 //  * A step is all on disk or none of it (one WriteBatch); with sync, it survives a
-//    crash once CommitStep returns OK.
+//    crash once CommitStep returns OK, or, for a deferred commit, once AwaitSynced of
+//    its ticket returns OK (WalSyncer). A deferred step is visible to this process's
+//    reads before then: its caller must not act on it outside the process (publish it,
+//    deliver from it) until it is synced. The WAL is one ordered log, so a step that
+//    survives a crash brings every step written before it.
 //  * The highest finalized and safe marks never decrease.
 //  * Every RocksDB error is returned as an absl::Status (rocks_status.h); after a
 //    failed write the store refuses further writes (FAILED_PRECONDITION) until reopened,
@@ -52,6 +56,7 @@
 #include "store/position.h"
 #include "store/records.pb.h"
 #include "store/step_batch.h"
+#include "store/wal_syncer.h"
 
 namespace handoff::store {
 
@@ -138,6 +143,8 @@ enum class StagedFamily { kReceipts, kQuarantine, kHolds };
 
 class Store {
  public:
+  class Snapshot;
+
   // Opens (creating if needed) the database at options.path. Fails with
   // FAILED_PRECONDITION and a clear message when the directory holds a database of an
   // unknown schema or is not a Handoff database.
@@ -160,8 +167,9 @@ class Store {
   absl::Status DeleteSource(absl::string_view id);
 
   // ---- Checkpoints ----
-  // NOT_FOUND when the stage has no checkpoint yet.
-  absl::StatusOr<CheckpointRecord> LoadCheckpoint(absl::string_view id, Stage stage);
+  // NOT_FOUND when the stage has no checkpoint yet. As of `at` when given.
+  absl::StatusOr<CheckpointRecord> LoadCheckpoint(absl::string_view id, Stage stage,
+                                                  const Snapshot* at = nullptr);
 
   // Rebuild: erases the source's rows, receipts, holds, quarantine and outbox, and
   // writes fresh checkpoints: each gets max(its version, 1 + the highest stored version
@@ -184,9 +192,18 @@ class Store {
   // reopen: all of the step, never part of it), so reread the checkpoint after
   // reopening; FAILED_PRECONDITION once an earlier write failed (before the fence is
   // checked). On failure `batch` is left as the caller built it.
+  //
+  // With `deferred`, the write does not wait for its fsync: *deferred names it for
+  // AwaitSynced, and the store's WalSyncer syncs it in the background (one sync for
+  // every write before it). Without sync (StoreOptions::sync false) the ticket is 0.
   absl::StatusOr<CheckpointRecord> CommitStep(Stage stage, StepBatch* batch,
                                               const Fence& fence,
-                                              const CheckpointUpdate& update);
+                                              const CheckpointUpdate& update,
+                                              SyncTicket* deferred = nullptr);
+  // Blocks until the deferred write of `ticket` is durable. UNAVAILABLE if its sync
+  // failed: the store then refuses writes (as after any failed write) and the step's
+  // fate is unknown until the database is reopened.
+  absl::Status AwaitSynced(SyncTicket ticket);
 
   // The page barrier alone: (expected_cursor, expected_version) ->
   // (next_cursor, expected_version + 1), or ABORTED and nothing changes.
@@ -214,6 +231,10 @@ class Store {
   };
   // Must not outlive the store.
   std::unique_ptr<Snapshot> NewSnapshot() const;
+  // A snapshot holding only durable data: taken first, then a WAL sync that begins
+  // after it covers every deferred commit it sees. Readers that answer outside the
+  // process (QueryEvents) read through one. UNAVAILABLE if that sync failed.
+  absl::StatusOr<std::unique_ptr<Snapshot>> NewSyncedSnapshot();
 
   // Visits rows of `id` in [from, to] in source order until `fn` returns false; as of
   // `at` when given, else the latest state.
@@ -258,8 +279,12 @@ class Store {
   // RESOURCE_EXHAUSTED when writing `bytes` would eat into the free-space reserve.
   absl::Status CheckFreeSpace(size_t bytes) const;
   absl::Mutex* SourceLock(absl::string_view id) ABSL_LOCKS_EXCLUDED(locks_mu_);
-  absl::Status Write(rocksdb::WriteBatch* batch, absl::string_view operation)
-      ABSL_LOCKS_EXCLUDED(health_mu_);
+  // Writes `batch` synced, or, with `deferred`, unsynced and takes its WalSyncer ticket.
+  absl::Status Write(rocksdb::WriteBatch* batch, absl::string_view operation,
+                     SyncTicket* deferred = nullptr) ABSL_LOCKS_EXCLUDED(health_mu_);
+  // The WalSyncer's sync: the WAL's fsync, refused after a write failure; a failure of
+  // its own fails the store.
+  absl::Status SyncWal() ABSL_LOCKS_EXCLUDED(health_mu_);
   // OK, or FAILED_PRECONDITION naming `operation` after an earlier write failure.
   absl::Status CheckWritable(absl::string_view operation) const
       ABSL_LOCKS_EXCLUDED(health_mu_);
@@ -300,6 +325,9 @@ class Store {
 
   mutable absl::Mutex health_mu_;
   absl::Status write_failure_ ABSL_GUARDED_BY(health_mu_);
+
+  // Syncs deferred commits; null without sync. Destroyed before the database closes.
+  std::unique_ptr<WalSyncer> syncer_;
 };
 
 // The RocksDB options Store::Open uses: database options and one descriptor per column

@@ -839,7 +839,9 @@ class StoreFaultTest : public StoreTest {
   }
 
   // After a failed write: sticky refusal, then nothing of the step after reopen.
-  void ExpectRefusedThenUnchanged(bool drop_unsynced) {
+  // `visible_version`: the checkpoint version reads see before the reopen (a deferred
+  // commit whose sync failed is in the memtable until then).
+  void ExpectRefusedThenUnchanged(bool drop_unsynced, uint64_t visible_version = 1) {
     EXPECT_EQ(store_->health().code(), absl::StatusCode::kUnavailable);
     absl::Status again = CommitBigStep(1);
     EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
@@ -849,8 +851,8 @@ class StoreFaultTest : public StoreTest {
     EXPECT_EQ(store_->PutSource(source).code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_EQ(store_->CompareAndSwap("s", Stage::kIngest, "c1", 1, "c2").status().code(),
               absl::StatusCode::kFailedPrecondition);
-    // Reads still work and see the old checkpoint.
-    EXPECT_EQ(Checkpoint("s").version(), 1u);
+    // Reads still work.
+    EXPECT_EQ(Checkpoint("s").version(), visible_version);
 
     // Close with the fault still armed (nothing more reaches the disk), then reopen.
     store_.reset();
@@ -976,6 +978,50 @@ TEST_F(StoreFaultTest, FileCreationFailureStopsWritesAndKeepsCommittedSteps) {
   EXPECT_EQ(Checkpoint("s").version(), version);
   EXPECT_EQ(Checkpoint("s").resume_cursor(), cursor);
   EXPECT_EQ(CountRows(store_.get(), "s"), committed * 200);
+}
+
+TEST_F(StoreFaultTest, DeferredCommitIsVisibleAtOnceAndSurvivesPowerLossOnceAwaited) {
+  std::unique_ptr<StepBatch> step = BigStep(store_.get(), "s", 300);
+  Fence fence;
+  fence.expected_version = 1;
+  fence.barrier = Fence::Barrier{"c1", "c2"};
+  SyncTicket ticket;
+  ASSERT_OK(store_->CommitStep(Stage::kIngest, step.get(), fence, CheckpointUpdate{}, &ticket)
+                .status());
+  EXPECT_GT(ticket.value, 0u);
+  // Visible to the process's reads (and fences) before it is synced.
+  EXPECT_EQ(Checkpoint("s").version(), 2u);
+  EXPECT_EQ(store_->CompareAndSwap("s", Stage::kIngest, "c1", 1, "x").status().code(),
+            absl::StatusCode::kAborted);
+  ASSERT_OK(store_->AwaitSynced(ticket));
+  fs_->Deactivate();
+  store_.reset();
+  ASSERT_OK(fs_->DropUnsyncedData());
+  fs_->Reactivate();
+  Open();
+  EXPECT_EQ(Checkpoint("s").version(), 2u);
+  EXPECT_EQ(Checkpoint("s").resume_cursor(), "c2");
+  EXPECT_EQ(CountRows(store_.get(), "s"), 300);
+}
+
+TEST_F(StoreFaultTest, DeferredCommitWhoseSyncFailsFailsTheStoreAndIsLostOnPowerLoss) {
+  Arm(FaultInjectionFs::kSync, FaultInjectionFs::Error::kIoError);
+  std::unique_ptr<StepBatch> step = BigStep(store_.get(), "s", 300);
+  Fence fence;
+  fence.expected_version = 1;
+  fence.barrier = Fence::Barrier{"c1", "c2"};
+  SyncTicket ticket;
+  // The write itself succeeds; its sync, in the background, does not.
+  ASSERT_OK(store_->CommitStep(Stage::kIngest, step.get(), fence, CheckpointUpdate{}, &ticket)
+                .status());
+  absl::Status synced = store_->AwaitSynced(ticket);
+  EXPECT_EQ(synced.code(), absl::StatusCode::kUnavailable) << synced;
+  EXPECT_TRUE(absl::StrContains(synced.message(), "WAL sync")) << synced;
+  EXPECT_GT(fs_->unsynced_bytes(), 0u);
+  // Sticky, exactly as a synced commit's failure: no write goes on top of it.
+  EXPECT_EQ(store_->AwaitSynced(ticket).code(), absl::StatusCode::kUnavailable);
+  // The store refuses writes; a power loss drops the unsynced step, all of it.
+  ExpectRefusedThenUnchanged(/*drop_unsynced=*/true, /*visible_version=*/2);
 }
 
 TEST_F(StoreFaultTest, SyncedCommitsSurvivePowerLossUnsyncedOnesDoNot) {

@@ -219,15 +219,29 @@ TEST_P(StorageFaultTest, WorkersHaltNothingAdvancesAndEverySourceResumesAfterRes
           << p.DebugString();
     }
     reported[id] = p.checkpoint();
-    // Nothing beyond what the worker reported is durable (reads still work).
+    // Reads still work and see what the worker reported, or, when a sync failed, one
+    // page after it: written with its sync deferred (overlap_barrier_sync), never
+    // reported, and not durable (the power loss below takes it back).
     absl::StatusOr<store::CheckpointRecord> cp =
         store_->LoadCheckpoint(id, store::Stage::kIngest);
     ASSERT_TRUE(cp.ok()) << cp.status();
-    EXPECT_EQ(cp->version(), p.checkpoint().checkpoint_version()) << id;
-    EXPECT_EQ(cp->resume_cursor(), p.checkpoint().resume_cursor()) << id;
+    const bool unsynced_page = (fault_case.ops & FaultInjectionFs::kSync) != 0 &&
+                               cp->version() == p.checkpoint().checkpoint_version() + 1;
+    if (!unsynced_page) {
+      EXPECT_EQ(cp->version(), p.checkpoint().checkpoint_version()) << id;
+      EXPECT_EQ(cp->resume_cursor(), p.checkpoint().resume_cursor()) << id;
+    }
   }
   EXPECT_FALSE(store_->health().ok());
   EXPECT_GE(fs_->injected(), 1u);
+  // QueryEvents answers only from durable data: with the store failed it cannot sync
+  // what it would read, so it refuses rather than show rows a power loss may take back.
+  for (const char* id : kSources) {
+    handoff::v1::QueryEventsRequest query;
+    query.set_source_id(id);
+    absl::StatusOr<handoff::v1::QueryEventsResponse> rows = manager_->QueryEvents(query);
+    EXPECT_FALSE(rows.ok()) << id << " answered from a failed store";
+  }
 
   // The process stops with the fault still in place; the disk may lose what was not
   // synced; the operator fixes the disk; the process restarts.
@@ -249,15 +263,18 @@ TEST_P(StorageFaultTest, WorkersHaltNothingAdvancesAndEverySourceResumesAfterRes
           store_->LoadCheckpoint(id, store::Stage::kIngest);
       ASSERT_TRUE(cp.ok()) << cp.status();
       const handoff::v1::Checkpoint& r = reported[id];
-      // The step whose write failed has an unknown outcome (store.h, CommitStep): a
-      // full disk can fail the WAL's fsync after its append reached the file, and the
-      // reopen then replays that record. So the durable checkpoint is the reported one
-      // or that one step after it, never anything further, and never part of a step.
+      // The step whose write or sync failed has an unknown outcome (store.h,
+      // CommitStep): a full disk can fail the WAL's fsync after its append reached the
+      // file, and the reopen then replays that record; a page whose sync was deferred
+      // may have been covered by a sync that began just before it took its ticket
+      // (WalSyncer), so even a power loss can keep it although its worker saw its own
+      // sync fail. So the durable checkpoint is the reported one or one step after it
+      // (the worker writes a page only once the previous one is synced), never
+      // anything further, never behind, and never part of a step.
       const bool unchanged = cp->version() == r.checkpoint_version() &&
                              cp->resume_cursor() == r.resume_cursor() &&
                              AppliedOf(*cp) == AppliedOf(r);
       if (!unchanged) {
-        EXPECT_FALSE(fault_case.power_loss) << id << ": an unsynced step survived power loss";
         EXPECT_LE(cp->version(), r.checkpoint_version() + 1) << id << ": checkpoint moved";
         EXPECT_GE(cp->version(), r.checkpoint_version()) << id;
         EXPECT_FALSE(AppliedOf(*cp) < AppliedOf(r)) << id;

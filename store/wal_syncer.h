@@ -1,0 +1,77 @@
+// WalSyncer: makes writes that were committed without a sync durable in the background,
+// so that the writer can prepare its next step while the fsync of this one runs, and
+// one fsync covers every such write that completed before it began (a group commit
+// across sources).
+//
+// Each unsynced write that returned OK takes a ticket (Written()); a single thread
+// syncs whenever a ticket is newer than the last sync, and Await(ticket) blocks until a
+// sync covers it.
+//
+// Invariants kept here:
+//  * Await(t) returns OK only after a sync that began after ticket t was taken, i.e.
+//    after its write returned (its bytes were handed to the file then), completed OK.
+//  * After a failed sync, every ticket not covered by an earlier successful sync fails
+//    with that error, for good: nothing waits on a sync whose pages the kernel may have
+//    dropped, and nothing is synced again (the caller's store refuses writes by then).
+//  * The destructor makes every ticket taken so far durable (one last sync) unless a
+//    sync failed, then stops the thread; no Await may run concurrently with it.
+//
+// Thread-safe.
+#ifndef HANDOFF_STORE_WAL_SYNCER_H_
+#define HANDOFF_STORE_WAL_SYNCER_H_
+
+#include <cstdint>
+#include <functional>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+
+namespace handoff::store {
+
+// Names one unsynced write. 0 means "nothing to wait for".
+struct SyncTicket {
+  uint64_t value = 0;
+};
+
+class WalSyncer {
+ public:
+  // `sync` makes every write that returned before the call durable (RocksDB's
+  // DB::SyncWAL, safe to call while other threads write).
+  explicit WalSyncer(std::function<absl::Status()> sync);
+  ~WalSyncer();
+  WalSyncer(const WalSyncer&) = delete;
+  WalSyncer& operator=(const WalSyncer&) = delete;
+
+  // Call after an unsynced write returned OK: its ticket. Starts a sync if none runs.
+  // Also a read barrier: every write visible to reads now is durable once it is awaited.
+  SyncTicket Written() ABSL_LOCKS_EXCLUDED(mu_);
+  // Blocks until `ticket` is durable; the failed sync's error otherwise.
+  absl::Status Await(SyncTicket ticket) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits for a sync in progress (if any) to end; the error of the failed sync, if one
+  // failed. A failed sync also fails the writer it synced, and writes then fail with a
+  // message that hides the cause: this names it.
+  absl::Status AwaitIdle() ABSL_LOCKS_EXCLUDED(mu_);
+  // Syncs completed OK so far (tests: one sync serves many tickets).
+  uint64_t syncs() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const std::function<absl::Status()> sync_;
+
+  mutable absl::Mutex mu_;
+  uint64_t written_ ABSL_GUARDED_BY(mu_) = 0;  // the newest ticket
+  uint64_t synced_ ABSL_GUARDED_BY(mu_) = 0;   // every ticket up to this one is durable
+  uint64_t syncs_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool syncing_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::thread thread_;  // last: starts once the fields above are initialised
+};
+
+}  // namespace handoff::store
+
+#endif  // HANDOFF_STORE_WAL_SYNCER_H_

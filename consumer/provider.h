@@ -80,6 +80,11 @@ class Provider {
   // Blocks until a complete page, a refusal, or Cancel().
   virtual FetchResult Fetch(const std::string& committed_cursor) = 0;
 
+  // True when Fetch(committed_cursor) would return at once: its page (or refusal) is
+  // already here. The worker publishes its last page before a Fetch that would wait
+  // (SourceWorker::SettleUnsynced). False when unsure.
+  virtual bool Ready(const std::string& committed_cursor) { return false; }
+
   // Unblocks a Fetch in progress (it returns kCancelled) and makes later Fetches return
   // kCancelled at once. Safe from any thread, idempotent.
   virtual void Cancel() = 0;

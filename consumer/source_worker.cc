@@ -419,6 +419,13 @@ void SourceWorker::IngestLoop() {
       SetState(handoff::v1::SOURCE_STATE_RUNNING, "");
       running_published = true;
     }
+    // The last page overlaps its sync only with a page that is already here: before a
+    // Fetch that would wait (an SSE stream at the head waits for the next block), it
+    // is published.
+    if (unsynced_.has_value() && !parts_.provider->Ready(cp->resume_cursor()) &&
+        !SettleOrHalt()) {
+      break;
+    }
     FetchResult fetched = parts_.provider->Fetch(cp->resume_cursor());
     if (stopping()) break;
     if (fetched.refusal.has_value()) {

@@ -247,6 +247,47 @@ TEST_F(HttpProviderTest, PollPrefetchIsHandedOutOnlyForTheCommittedNext) {
   EXPECT_EQ(third.from, ExpectPage(plain->Fetch(second.next)).from);
 }
 
+// Ready(c): Fetch(c) would return at once. The worker publishes its last page before a
+// Fetch that would wait, so a wrong "true" delays progress and a wrong "false" costs
+// only the overlap of one sync.
+TEST_F(HttpProviderTest, ReadyTellsWhetherAFetchWouldReturnAtOnce) {
+  auto until_ready = [](HttpProvider* p, const std::string& cursor) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (!p->Ready(cursor) && absl::Now() < deadline) std::this_thread::yield();
+    return p->Ready(cursor);
+  };
+  // Polling: ready once the prefetch of the committed next has finished.
+  auto poll = Make(Options(handoff::v1::TRANSPORT_POLL));
+  EXPECT_FALSE(poll->Ready("0"));  // nothing prefetched: a request would go out
+  Page first = ExpectPage(poll->Fetch("0"));
+  ASSERT_NE(first.next, "0");
+  EXPECT_TRUE(until_ready(poll.get(), first.next));
+  EXPECT_FALSE(poll->Ready("0"));  // not what was prefetched
+  EXPECT_FALSE(ExpectPage(poll->Fetch(first.next)).items.empty());
+  HttpProviderOptions plain_options = Options(handoff::v1::TRANSPORT_POLL);
+  plain_options.poll_prefetch = false;
+  auto plain = Make(std::move(plain_options));
+  Page plain_first = ExpectPage(plain->Fetch("0"));
+  EXPECT_FALSE(plain->Ready(plain_first.next));
+
+  // SSE: ready once the stream from that cursor has buffered the next page.
+  auto stream = Make(Options(handoff::v1::TRANSPORT_SSE));
+  EXPECT_FALSE(stream->Ready("0"));  // no stream yet
+  Page s1 = ExpectPage(stream->Fetch("0"));
+  EXPECT_TRUE(until_ready(stream.get(), s1.next));
+  EXPECT_FALSE(stream->Ready("0"));  // the stream does not continue from there
+  // At the head (the simulator's heartbeat is 60 s) the stream waits: not ready.
+  auto head = Make(Options(handoff::v1::TRANSPORT_SSE));
+  const std::string tip = sim_->EncodeCursor("erc20 transfers", "all&more=1", {201, 0});
+  const size_t before = sim_->Requests().size();
+  std::thread fetcher([&] { head->Fetch(tip); });
+  ASSERT_TRUE(sim_->WaitForRequests(before + 1, absl::Seconds(10)));  // the stream is open
+  EXPECT_FALSE(head->Ready(tip));
+  head->Cancel();
+  fetcher.join();
+  EXPECT_TRUE(head->Ready(tip));  // cancelled: every Fetch returns at once
+}
+
 struct RefusalCase {
   Fault fault;
   RefusalKind kind;

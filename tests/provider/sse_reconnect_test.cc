@@ -2,7 +2,8 @@
 // dropped connection, after silence, after an `event: error` control, and after a
 // truncated or incomplete frame (discarded whole), as the simulator's request log shows
 // (Last-Event-ID equals the durable cursor, never an id merely received); and nothing is
-// lost or duplicated afterwards.
+// lost or duplicated afterwards. And a stream at the head, which may wait minutes for
+// the next block, shows its last page as soon as it is durable.
 #include <string>
 
 #include "absl/strings/match.h"
@@ -59,6 +60,20 @@ TEST_P(SseReconnectTest, ReconnectsFromTheCommittedCursor) {
   EXPECT_EQ(Progress(id).counters().applied(), (head() - 150 + 1) * 3);
   ExpectRefusalsKeptTheCursor(id);
   ExpectStreamsResumedFromCommittedCursors();
+}
+
+// The worker writes a page's barrier and syncs it while it goes on to the next page
+// (WorkerOptions::overlap_barrier_sync); at the head the next Fetch waits for a block
+// that may be minutes away, so the last page must be published before that wait, not
+// after it.
+TEST_F(ProviderRigTest, AStreamAtTheHeadPublishesItsLastPageWithoutWaitingForTheNext) {
+  sim::ProviderSimOptions o = DefaultSimOptions();
+  o.heartbeat = absl::Hours(1);  // nothing but pages ends the stream's wait
+  StartSim(o);
+  const std::string id = "stream";
+  Create(Spec(id, handoff::v1::TRANSPORT_SSE, 150));
+  ASSERT_TRUE(WaitCaughtUp(id, absl::Seconds(10))) << Progress(id).DebugString();
+  EXPECT_EQ(Progress(id).counters().applied(), (head() - 150 + 1) * 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -198,6 +198,9 @@ class CountingProvider final : public consumer::Provider {
     }
     return r;
   }
+  bool Ready(const std::string& committed_cursor) override {
+    return inner_->Ready(committed_cursor);
+  }
   void Cancel() override { inner_->Cancel(); }
   void Close() override { inner_->Close(); }
 

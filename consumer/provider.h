@@ -80,9 +80,10 @@ class Provider {
   // Blocks until a complete page, a refusal, or Cancel().
   virtual FetchResult Fetch(const std::string& committed_cursor) = 0;
 
-  // True when Fetch(committed_cursor) would return at once: its page (or refusal) is
-  // already here. The worker publishes its last page before a Fetch that would wait
-  // (SourceWorker::SettleUnsynced). False when unsure.
+  // True when Fetch(committed_cursor) would not wait for news upstream: its page (or
+  // refusal) is here, or its request is already out and answers within one exchange.
+  // The worker publishes its last page before a Fetch that could wait longer (an SSE
+  // stream at the head waits for the next block). False when unsure.
   virtual bool Ready(const std::string& committed_cursor) { return false; }
 
   // Unblocks a Fetch in progress (it returns kCancelled) and makes later Fetches return

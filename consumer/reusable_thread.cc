@@ -45,11 +45,6 @@ bool ReusableThread::busy() const {
   return busy_;
 }
 
-bool ReusableThread::finished() const {
-  absl::MutexLock lock(&mu_);
-  return busy_ && finished_;
-}
-
 void ReusableThread::Wait() {
   absl::MutexLock lock(&mu_);
   if (!busy_) return;

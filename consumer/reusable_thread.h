@@ -40,8 +40,6 @@ class ReusableThread {
 
   // Whether a task was Run() and not yet waited for.
   bool busy() const;
-  // Whether that task has returned (Wait() would not block on it).
-  bool finished() const;
 
   // Waits for the task started by Run() to finish; returns at once when !busy().
   void Wait();

@@ -473,7 +473,7 @@ FetchResult HttpProvider::PollWith(CurlSession* session, const std::string& curs
 bool HttpProvider::Ready(const std::string& committed_cursor) {
   if (cancelled_.load()) return true;
   if (options_.transport != handoff::v1::TRANSPORT_SSE) {
-    return prefetch_.finished() && prefetch_cursor_ == committed_cursor;
+    return prefetch_.busy() && prefetch_cursor_ == committed_cursor;
   }
   absl::MutexLock lock(&mu_);
   return stream_usable_ && position_ == committed_cursor && !queue_.empty();

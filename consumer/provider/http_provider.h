@@ -122,8 +122,9 @@ class HttpProvider : public Provider {
   ~HttpProvider() override;
 
   FetchResult Fetch(const std::string& committed_cursor) override;
-  // Polling: the prefetch of `committed_cursor` has finished. SSE: the stream continues
-  // from it and a page or refusal is buffered. Called on the Fetch thread.
+  // Polling: the prefetch of `committed_cursor` has finished or is in flight (one
+  // exchange, bounded by the request timeouts). SSE: the stream continues from it and a
+  // page or refusal is buffered. Called on the Fetch thread.
   bool Ready(const std::string& committed_cursor) override;
   void Cancel() override;
   void Close() override;

@@ -256,7 +256,7 @@ TEST_F(HttpProviderTest, ReadyTellsWhetherAFetchWouldReturnAtOnce) {
     while (!p->Ready(cursor) && absl::Now() < deadline) std::this_thread::yield();
     return p->Ready(cursor);
   };
-  // Polling: ready once the prefetch of the committed next has finished.
+  // Polling: ready once the prefetch of the committed next is out (one exchange).
   auto poll = Make(Options(handoff::v1::TRANSPORT_POLL));
   EXPECT_FALSE(poll->Ready("0"));  // nothing prefetched: a request would go out
   Page first = ExpectPage(poll->Fetch("0"));

@@ -58,6 +58,9 @@ class ForwardingProvider : public Provider {
  public:
   explicit ForwardingProvider(Provider* target) : target_(target) {}
   FetchResult Fetch(const std::string& committed_cursor) override;
+  bool Ready(const std::string& committed_cursor) override {
+    return cancelled_.load() || target_->Ready(committed_cursor);
+  }
   void Cancel() override { cancelled_.store(true); }
   void Close() override {}
 

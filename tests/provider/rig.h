@@ -77,6 +77,9 @@ class RecordingProvider : public consumer::Provider {
   RecordingProvider(std::unique_ptr<consumer::Provider> inner, Journal* journal, std::string id)
       : inner_(std::move(inner)), journal_(journal), id_(std::move(id)) {}
   consumer::FetchResult Fetch(const std::string& committed_cursor) override;
+  bool Ready(const std::string& committed_cursor) override {
+    return inner_->Ready(committed_cursor);
+  }
   void Cancel() override { inner_->Cancel(); }
   void Close() override { inner_->Close(); }
 

@@ -92,10 +92,10 @@ struct AttemptConfig {
   // published or acted on outside the process, only once the caller's
   // Store::AwaitSynced of its ticket returned OK (SourceWorker::SettleUnsynced).
   bool defer_barrier_sync = false;
-  // Called before each commit of the attempt: settles the previous attempt's unsynced
-  // barrier, so that pages become durable and are published in order and at most one
-  // is ever unsynced. Non-OK ends the attempt: kCancelled for CANCELLED, otherwise
-  // kStorageFailed. May be empty.
+  // Called before each commit of the attempt: settles earlier attempts' unsynced
+  // barriers, so that pages are published in order and only a bounded number is ever
+  // unsynced (WorkerOptions::max_unsynced_pages). Non-OK ends the attempt: kCancelled
+  // for CANCELLED, otherwise kStorageFailed. May be empty.
   std::function<absl::Status()> before_commit;
   // With a sink: called on the attempt's thread once every event of the attempt has a
   // clean answer and only the final step's commit remains (so that the worker can send

@@ -648,7 +648,7 @@ absl::StatusOr<handoff::v1::QueryEventsResponse> SourceManagerImpl::QueryEvents(
   const Position to{request.to_block() == 0 ? kMaxIndex : request.to_block(), kMaxIndex};
   handoff::v1::QueryEventsResponse response;
   // The checkpoint and the rows of one durable view: a running worker's last page may
-  // be written but not yet synced (WorkerOptions::overlap_barrier_sync), and a caller
+  // be written but not yet synced (WorkerOptions::max_unsynced_pages), and a caller
   // must never see rows that a power loss could take back.
   ASSIGN_OR_RETURN(std::unique_ptr<store::Store::Snapshot> view, store_->NewSyncedSnapshot());
   ASSIGN_OR_RETURN(store::CheckpointRecord cp,

@@ -284,9 +284,12 @@ void SourceWorker::Release(std::unique_ptr<PageAttempt> attempt) {
 AttemptConfig SourceWorker::MakeConfig(store::Stage stage) {
   AttemptConfig c = MakeAttemptConfig(spec_, stage, parts_.store, parts_.sink.get(),
                                       parts_.effect, parts_.observer, options_, &stop_);
-  if (stage == store::Stage::kIngest && options_.overlap_barrier_sync) {
+  if (stage == store::Stage::kIngest && options_.max_unsynced_pages > 0) {
     c.defer_barrier_sync = true;
-    c.before_commit = [this] { return SettleUnsynced(); };
+    // After this commit at most max_unsynced_pages are unsynced.
+    c.before_commit = [this] {
+      return SettleUnsynced(static_cast<size_t>(options_.max_unsynced_pages - 1));
+    };
   }
   return c;
 }
@@ -302,7 +305,7 @@ bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
     if (stage == store::Stage::kIngest) {
       PublishAttempt(attempt);
       if (r.unsynced.has_value()) {
-        unsynced_ = *std::move(r.unsynced);  // published by SettleUnsynced
+        unsynced_.push_back(*std::move(r.unsynced));  // published by SettleUnsynced
         return true;
       }
       // Nothing of this attempt waits for a sync: the previous page is published before
@@ -349,29 +352,31 @@ bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
   }
 }
 
-absl::Status SourceWorker::SettleUnsynced() {
-  if (!unsynced_.has_value()) return absl::OkStatus();
-  UnsyncedBarrier u = *std::move(unsynced_);
-  unsynced_.reset();
-  RETURN_IF_ERROR(parts_.store->AwaitSynced(u.ticket));
+absl::Status SourceWorker::SettleUnsynced(size_t keep) {
   auto crash = [this] {
     crashed_.store(true);
     stop_.store(true);
     return absl::CancelledError("crashed at a fault point");
   };
-  if (parts_.observer != nullptr) {
-    parts_.observer->OnCommit(spec_.id(), u.events, absl::Now() - u.commit_start);
+  while (!unsynced_.empty()) {
+    if (unsynced_.size() <= keep && !parts_.store->IsSynced(unsynced_.front().ticket)) break;
+    RETURN_IF_ERROR(parts_.store->AwaitSynced(unsynced_.front().ticket));
+    const UnsyncedBarrier u = std::move(unsynced_.front());
+    unsynced_.pop_front();
+    if (parts_.observer != nullptr) {
+      parts_.observer->OnCommit(spec_.id(), u.events, absl::Now() - u.commit_start);
+    }
+    if (!u.after_point.empty() && FaultPoints::Hit(u.after_point)) return crash();
+    if (parts_.observer != nullptr) parts_.observer->OnPageCommitted(spec_.id());
+    if (FaultPoints::Hit("ingest.after_barrier")) return crash();
+    PublishCheckpoint(store::Stage::kIngest, u.checkpoint);
+    if (gated_) Poke();
   }
-  if (!u.after_point.empty() && FaultPoints::Hit(u.after_point)) return crash();
-  if (parts_.observer != nullptr) parts_.observer->OnPageCommitted(spec_.id());
-  if (FaultPoints::Hit("ingest.after_barrier")) return crash();
-  PublishCheckpoint(store::Stage::kIngest, u.checkpoint);
-  if (gated_) Poke();
   return absl::OkStatus();
 }
 
-bool SourceWorker::SettleOrHalt() {
-  absl::Status s = SettleUnsynced();
+bool SourceWorker::SettleOrHalt(size_t keep) {
+  absl::Status s = SettleUnsynced(keep);
   if (s.ok()) return true;
   if (!absl::IsCancelled(s) && !halted_.load()) {
     Halt(handoff::v1::SOURCE_STATE_STORAGE_FAILED,
@@ -419,11 +424,11 @@ void SourceWorker::IngestLoop() {
       SetState(handoff::v1::SOURCE_STATE_RUNNING, "");
       running_published = true;
     }
-    // The last page overlaps its sync only with a page that is already here: before a
-    // Fetch that would wait (an SSE stream at the head waits for the next block), it
-    // is published.
-    if (unsynced_.has_value() && !parts_.provider->Ready(cp->resume_cursor()) &&
-        !SettleOrHalt()) {
+    // The unsynced pages overlap their syncs only with pages that are already here:
+    // before a Fetch that could wait (an SSE stream at the head waits for the next
+    // block) they are published; otherwise those already synced are.
+    if (!unsynced_.empty() &&
+        !SettleOrHalt(parts_.provider->Ready(cp->resume_cursor()) ? unsynced_.size() : 0)) {
       break;
     }
     FetchResult fetched = parts_.provider->Fetch(cp->resume_cursor());
@@ -510,7 +515,7 @@ void SourceWorker::IngestLoop() {
     }
     backoff.Reset();
     idle_backoff.Reset();
-    if (gated_ && !unsynced_.has_value()) Poke();  // else SettleUnsynced pokes
+    if (gated_ && unsynced_.empty()) Poke();  // else SettleUnsynced pokes
   }
   // A stop leaves the last page published (a crash abandons it as it is).
   if (!crashed_.load()) SettleOrHalt();

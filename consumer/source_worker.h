@@ -24,6 +24,7 @@
 #define HANDOFF_CONSUMER_SOURCE_WORKER_H_
 
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -69,12 +70,14 @@ struct WorkerOptions {
   // p99 under full ingest 1.58-2.52 ms over 8 runs instead of 2.7-3.0 ms, at the risk
   // described there. Off by default.
   bool thread_sched_idle = false;
-  // Ingest writes each page's barrier without waiting for its fsync and validates and
-  // stages the next page while the store's WalSyncer syncs it; the page is published
-  // (progress, delivery, observers) only once synced, and is synced before the next
-  // page commits (AttemptConfig::defer_barrier_sync). Off: every commit waits for its
-  // own fsync.
-  bool overlap_barrier_sync = true;
+  // Pages whose barrier ingest has written but whose WAL sync is still in flight, at
+  // most. Ingest validates, stages and writes the next pages while the store's
+  // WalSyncer syncs the earlier ones (AttemptConfig::defer_barrier_sync); a page is
+  // published (progress, delivery, observers) only once synced, in order. Measured
+  // (bench/HISTORY.md): the fsync of a 1000-event page takes ~3 ms here, as long as the
+  // rest of the page's work; with 1 the ingest thread still waited ~2.3 ms a page for
+  // it, with 2 it rarely does. 0: every commit waits for its own fsync.
+  int max_unsynced_pages = 2;
   // The dispatcher re-checks the gate at least this often without a poke.
   absl::Duration delivery_idle_recheck = absl::Seconds(5);
 };
@@ -146,14 +149,15 @@ class SourceWorker {
   // Runs one attempt to its end. Returns false when the loop must exit. An ingest
   // attempt that leaves an unsynced barrier stores it in unsynced_.
   bool DriveAttempt(PageAttempt* attempt, store::Stage stage);
-  // Waits until the unsynced barrier (if any) is durable, then publishes it: progress,
-  // observers, the fault points after it, a poke of the dispatcher. CANCELLED when a
-  // fault point fired there (the worker is crashed), the sync's error when it failed
-  // (nothing was published). Ingest thread only.
-  absl::Status SettleUnsynced();
-  // SettleUnsynced, halting as STORAGE_FAILED if its sync failed. False when the
-  // worker must stop (halted or crashed).
-  bool SettleOrHalt();
+  // Publishes, oldest first, the unsynced pages whose sync has completed, waiting for
+  // the oldest until at most `keep` remain unsynced. Publishing a page: progress,
+  // observers, the fault points after its commit, a poke of the dispatcher. CANCELLED
+  // when a fault point fired there (the worker is crashed), the sync's error when it
+  // failed (that page and later ones are not published). Ingest thread only.
+  absl::Status SettleUnsynced(size_t keep = 0);
+  // SettleUnsynced, halting as STORAGE_FAILED if a sync failed. False when the worker
+  // must stop (halted or crashed).
+  bool SettleOrHalt(size_t keep = 0);
   // The ingest checkpoint last published (durable), else the stored one.
   absl::StatusOr<store::CheckpointRecord> PublishedIngest() const ABSL_LOCKS_EXCLUDED(mu_);
   Wake WaitUntil(absl::Time deadline, bool* poked_flag) ABSL_LOCKS_EXCLUDED(mu_);
@@ -187,8 +191,9 @@ class SourceWorker {
   int running_threads_ ABSL_GUARDED_BY(mu_) = 0;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
 
-  // The last promoted page while its barrier's sync is in flight. Ingest thread only.
-  std::optional<UnsyncedBarrier> unsynced_;
+  // Promoted pages whose barrier's sync is in flight, oldest first (at most
+  // options_.max_unsynced_pages). Ingest thread only.
+  std::deque<UnsyncedBarrier> unsynced_;
 
   std::thread ingest_thread_;
   std::thread delivery_thread_;

@@ -49,6 +49,10 @@ ABSL_FLAG(bool, worker_sched_idle, false,
           "Also run the source workers' threads under SCHED_IDLE: a woken admin or health "
           "thread preempts them at once (lower admin tail latency under full ingest), but "
           "a control plane that keeps the cores busy starves ingest.");
+ABSL_FLAG(int, max_unsynced_pages, handoff::consumer::WorkerOptions().max_unsynced_pages,
+          "Pages a source may have written whose WAL sync is still in flight (0..8): the "
+          "source validates and writes its next pages meanwhile and reports a page only "
+          "once it is synced. 0 makes every page wait for its own fsync.");
 ABSL_FLAG(absl::Duration, idle_poll_max, handoff::consumer::WorkerOptions().idle_backoff.max,
           "Longest wait between two polls of a caught-up polling source (each wait is "
           "uniform in [half, all] of the growing ceiling). Longer costs less CPU per idle "
@@ -95,6 +99,12 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   }
   options.worker.thread_nice = nice;
   options.worker.thread_sched_idle = absl::GetFlag(FLAGS_worker_sched_idle);
+  const int unsynced = absl::GetFlag(FLAGS_max_unsynced_pages);
+  if (unsynced < 0 || unsynced > 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_unsynced_pages=", unsynced, " is outside 0..8"));
+  }
+  options.worker.max_unsynced_pages = unsynced;
   const absl::Duration idle_poll_max = absl::GetFlag(FLAGS_idle_poll_max);
   if (idle_poll_max < absl::Seconds(1) || idle_poll_max > absl::Minutes(10)) {
     return absl::InvalidArgumentError(

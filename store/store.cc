@@ -343,6 +343,10 @@ absl::Status Store::SyncWal() {
   return s;
 }
 
+bool Store::IsSynced(SyncTicket ticket) const {
+  return syncer_ == nullptr || syncer_->IsSynced(ticket);
+}
+
 absl::Status Store::AwaitSynced(SyncTicket ticket) {
   if (syncer_ == nullptr || ticket.value == 0) return absl::OkStatus();
   return syncer_->Await(ticket);

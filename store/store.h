@@ -204,6 +204,8 @@ class Store {
   // failed: the store then refuses writes (as after any failed write) and the step's
   // fate is unknown until the database is reopened.
   absl::Status AwaitSynced(SyncTicket ticket);
+  // Whether that write is durable already (does not wait).
+  bool IsSynced(SyncTicket ticket) const;
 
   // The page barrier alone: (expected_cursor, expected_version) ->
   // (next_cursor, expected_version + 1), or ABORTED and nothing changes.

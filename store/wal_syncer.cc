@@ -39,6 +39,11 @@ absl::Status WalSyncer::AwaitIdle() {
   return failure_;
 }
 
+bool WalSyncer::IsSynced(SyncTicket ticket) const {
+  absl::MutexLock lock(&mu_);
+  return synced_ >= ticket.value;
+}
+
 uint64_t WalSyncer::syncs() const {
   absl::MutexLock lock(&mu_);
   return syncs_;

@@ -49,6 +49,8 @@ class WalSyncer {
   SyncTicket Written() ABSL_LOCKS_EXCLUDED(mu_);
   // Blocks until `ticket` is durable; the failed sync's error otherwise.
   absl::Status Await(SyncTicket ticket) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether `ticket` is durable now (does not wait).
+  bool IsSynced(SyncTicket ticket) const ABSL_LOCKS_EXCLUDED(mu_);
   // Waits for a sync in progress (if any) to end; the error of the failed sync, if one
   // failed. A failed sync also fails the writer it synced, and writes then fail with a
   // message that hides the cause: this names it.

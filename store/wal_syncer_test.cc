@@ -72,8 +72,10 @@ TEST(WalSyncerTest, OneSyncCoversEveryTicketTakenBeforeIt) {
   while (gate.started() < 1) std::this_thread::yield();
   std::vector<SyncTicket> queued;
   for (int i = 0; i < 10; ++i) queued.push_back(syncer.Written());
+  EXPECT_FALSE(syncer.IsSynced(queued.front()));
   gate.Release(0);
   for (const SyncTicket& t : queued) EXPECT_TRUE(syncer.Await(t).ok());
+  for (const SyncTicket& t : queued) EXPECT_TRUE(syncer.IsSynced(t));
   // The ten writes made while the first sync ran share the second one.
   EXPECT_EQ(syncer.syncs(), 2u);
 }

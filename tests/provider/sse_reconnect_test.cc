@@ -62,9 +62,9 @@ TEST_P(SseReconnectTest, ReconnectsFromTheCommittedCursor) {
   ExpectStreamsResumedFromCommittedCursors();
 }
 
-// The worker writes a page's barrier and syncs it while it goes on to the next page
-// (WorkerOptions::overlap_barrier_sync); at the head the next Fetch waits for a block
-// that may be minutes away, so the last page must be published before that wait, not
+// The worker writes a page's barrier and syncs it while it goes on to the next pages
+// (WorkerOptions::max_unsynced_pages); at the head the next Fetch waits for a block
+// that may be minutes away, so the last pages must be published before that wait, not
 // after it.
 TEST_F(ProviderRigTest, AStreamAtTheHeadPublishesItsLastPageWithoutWaitingForTheNext) {
   sim::ProviderSimOptions o = DefaultSimOptions();

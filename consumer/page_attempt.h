@@ -11,8 +11,9 @@
 //  * an event whose durable receipt has the same identity is a replay;
 //  * otherwise its effect is staged and committed together with its receipt and the
 //    resulting applied_position (the end of the page's contiguous terminal prefix), in
-//    steps of up to max_events_per_step events, each one synced WriteBatch fenced by
-//    the attempt's version;
+//    steps of up to max_events_per_step events, each one WriteBatch fenced by the
+//    attempt's version and synced (the barrier's, optionally, in the background:
+//    AttemptConfig::defer_barrier_sync);
 //  * with an external sink, the sink's answer is classified (outcome_policy.h); holds
 //    and retries are written durably but are not terminal, and the attempt stops at the
 //    first event that is not durable and terminal.

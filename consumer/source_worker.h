@@ -14,9 +14,16 @@
 // never half a step); Join waits for both threads. Nothing is promoted on the way out:
 // a cancelled page attempt ends without its barrier.
 //
+// Pipelined syncs (WorkerOptions::max_unsynced_pages): a page's barrier is written
+// without waiting for its fsync; the ingest thread prepares and writes the next pages
+// while the store's WalSyncer syncs it. Invariant: a page is published (progress board,
+// observer, the dispatcher's gate, fault points after its commit) only once its sync
+// completed, in page order, and before any Fetch that could wait for news upstream
+// (Provider::Ready), any wait, halt or exit.
+//
 // A storage failure halts the worker as STORAGE_FAILED: it closes its provider
 // connection, reports the error, and advances nothing (the store refuses writes after
-// a failed one).
+// a failed one or a failed sync).
 //
 // Thread-safe. Start, RequestStop, Join and Poke may be called from any thread; Stop is
 // safe when never started.

@@ -823,7 +823,8 @@ class StoreFaultTest : public StoreTest {
     fs_->Arm(fault);
   }
 
-  absl::Status CommitBigStep(int rows = 300) {
+  // With `deferred`, the commit does not wait for its sync (CommitStep's ticket).
+  absl::Status CommitBigStep(int rows = 300, SyncTicket* deferred = nullptr) {
     std::unique_ptr<StepBatch> step = BigStep(store_.get(), "s", rows);
     const int ops = step->count();
     Fence fence;
@@ -831,11 +832,21 @@ class StoreFaultTest : public StoreTest {
     fence.barrier = Fence::Barrier{"c1", "c2"};
     CheckpointUpdate update;
     update.applied = Position{2000, 0};
-    absl::Status s = store_->CommitStep(Stage::kIngest, step.get(), fence, update).status();
+    absl::Status s =
+        store_->CommitStep(Stage::kIngest, step.get(), fence, update, deferred).status();
     if (!s.ok()) {
       EXPECT_EQ(step->count(), ops) << "a failed commit must leave the step as built";
     }
     return s;
+  }
+
+  // Power loss: nothing more reaches the disk, unsynced bytes vanish; then a reopen.
+  void PowerLossThenReopen() {
+    fs_->Deactivate();
+    store_.reset();
+    ASSERT_OK(fs_->DropUnsyncedData());
+    fs_->Reactivate();
+    Open();
   }
 
   // After a failed write: sticky refusal, then nothing of the step after reopen.
@@ -981,24 +992,15 @@ TEST_F(StoreFaultTest, FileCreationFailureStopsWritesAndKeepsCommittedSteps) {
 }
 
 TEST_F(StoreFaultTest, DeferredCommitIsVisibleAtOnceAndSurvivesPowerLossOnceAwaited) {
-  std::unique_ptr<StepBatch> step = BigStep(store_.get(), "s", 300);
-  Fence fence;
-  fence.expected_version = 1;
-  fence.barrier = Fence::Barrier{"c1", "c2"};
   SyncTicket ticket;
-  ASSERT_OK(store_->CommitStep(Stage::kIngest, step.get(), fence, CheckpointUpdate{}, &ticket)
-                .status());
+  ASSERT_OK(CommitBigStep(300, &ticket));
   EXPECT_GT(ticket.value, 0u);
   // Visible to the process's reads (and fences) before it is synced.
   EXPECT_EQ(Checkpoint("s").version(), 2u);
   EXPECT_EQ(store_->CompareAndSwap("s", Stage::kIngest, "c1", 1, "x").status().code(),
             absl::StatusCode::kAborted);
   ASSERT_OK(store_->AwaitSynced(ticket));
-  fs_->Deactivate();
-  store_.reset();
-  ASSERT_OK(fs_->DropUnsyncedData());
-  fs_->Reactivate();
-  Open();
+  PowerLossThenReopen();
   EXPECT_EQ(Checkpoint("s").version(), 2u);
   EXPECT_EQ(Checkpoint("s").resume_cursor(), "c2");
   EXPECT_EQ(CountRows(store_.get(), "s"), 300);
@@ -1006,14 +1008,9 @@ TEST_F(StoreFaultTest, DeferredCommitIsVisibleAtOnceAndSurvivesPowerLossOnceAwai
 
 TEST_F(StoreFaultTest, DeferredCommitWhoseSyncFailsFailsTheStoreAndIsLostOnPowerLoss) {
   Arm(FaultInjectionFs::kSync, FaultInjectionFs::Error::kIoError);
-  std::unique_ptr<StepBatch> step = BigStep(store_.get(), "s", 300);
-  Fence fence;
-  fence.expected_version = 1;
-  fence.barrier = Fence::Barrier{"c1", "c2"};
   SyncTicket ticket;
   // The write itself succeeds; its sync, in the background, does not.
-  ASSERT_OK(store_->CommitStep(Stage::kIngest, step.get(), fence, CheckpointUpdate{}, &ticket)
-                .status());
+  ASSERT_OK(CommitBigStep(300, &ticket));
   absl::Status synced = store_->AwaitSynced(ticket);
   EXPECT_EQ(synced.code(), absl::StatusCode::kUnavailable) << synced;
   EXPECT_TRUE(absl::StrContains(synced.message(), "WAL sync")) << synced;
@@ -1027,11 +1024,7 @@ TEST_F(StoreFaultTest, DeferredCommitWhoseSyncFailsFailsTheStoreAndIsLostOnPower
 TEST_F(StoreFaultTest, SyncedCommitsSurvivePowerLossUnsyncedOnesDoNot) {
   // Synced (the default): survives.
   ASSERT_TRUE(CommitBigStep(50).ok());  // v2, cursor c2
-  fs_->Deactivate();
-  store_.reset();
-  ASSERT_OK(fs_->DropUnsyncedData());
-  fs_->Reactivate();
-  Open();
+  PowerLossThenReopen();
   EXPECT_EQ(Checkpoint("s").version(), 2u);
   EXPECT_EQ(CountRows(store_.get(), "s"), 50);
 
@@ -1040,11 +1033,7 @@ TEST_F(StoreFaultTest, SyncedCommitsSurvivePowerLossUnsyncedOnesDoNot) {
   Open(/*sync=*/false);
   ASSERT_TRUE(store_->CompareAndSwap("s", Stage::kIngest, "c2", 2, "c3").ok());
   EXPECT_GT(fs_->unsynced_bytes(), 0u);
-  fs_->Deactivate();
-  store_.reset();
-  ASSERT_OK(fs_->DropUnsyncedData());
-  fs_->Reactivate();
-  Open();
+  PowerLossThenReopen();
   EXPECT_EQ(Checkpoint("s").version(), 2u);
   EXPECT_EQ(Checkpoint("s").resume_cursor(), "c2");
   EXPECT_EQ(CountRows(store_.get(), "s"), 50);

@@ -312,28 +312,31 @@ absl::Status Store::CheckFreeSpace(size_t bytes) const {
 
 absl::Status Store::Write(rocksdb::WriteBatch* batch, absl::string_view operation,
                           SyncTicket* deferred) {
-  RETURN_IF_ERROR(CheckWritable(operation));
-  absl::Status s = CheckFreeSpace(batch->GetDataSize());
-  if (s.ok()) {
-    rocksdb::WriteOptions wo = write_options_;
-    if (deferred != nullptr) wo.sync = false;
-    s = FromRocks(db_->Write(wo, batch), operation);
-  }
-  if (!s.ok() && syncer_ != nullptr && !syncer_->AwaitIdle().ok()) {
-    // A background sync failed first and took RocksDB's WAL writer down with it (this
-    // write then reads "Writer has previous error"): report the sync's error, the cause.
+  {
+    absl::ReaderMutexLock wal(&wal_mu_);
     RETURN_IF_ERROR(CheckWritable(operation));
-  }
-  if (!s.ok()) {
-    absl::MutexLock lock(&health_mu_);
-    if (write_failure_.ok()) write_failure_ = s;
-    return s;
+    absl::Status s = CheckFreeSpace(batch->GetDataSize());
+    if (s.ok()) {
+      rocksdb::WriteOptions wo = write_options_;
+      if (deferred != nullptr) wo.sync = false;
+      s = FromRocks(db_->Write(wo, batch), operation);
+    }
+    if (!s.ok()) {
+      absl::MutexLock lock(&health_mu_);
+      if (write_failure_.ok()) write_failure_ = s;
+      return s;
+    }
   }
   if (deferred != nullptr) *deferred = syncer_ != nullptr ? syncer_->Written() : SyncTicket{};
-  return s;
+  return absl::OkStatus();
 }
 
 absl::Status Store::SyncWal() {
+  // No write is inside RocksDB meanwhile, and every earlier write's failure is recorded:
+  // a WAL writer that failed an append must not be synced (Debian's assertion-enabled
+  // RocksDB aborts the process in SyncWithoutFlush then; a release build returns the
+  // earlier error).
+  absl::WriterMutexLock wal(&wal_mu_);
   RETURN_IF_ERROR(CheckWritable("WAL sync"));
   absl::Status s = FromRocks(db_->SyncWAL(), "WAL sync");
   if (!s.ok()) {

@@ -283,10 +283,10 @@ class Store {
   absl::Mutex* SourceLock(absl::string_view id) ABSL_LOCKS_EXCLUDED(locks_mu_);
   // Writes `batch` synced, or, with `deferred`, unsynced and takes its WalSyncer ticket.
   absl::Status Write(rocksdb::WriteBatch* batch, absl::string_view operation,
-                     SyncTicket* deferred = nullptr) ABSL_LOCKS_EXCLUDED(health_mu_);
-  // The WalSyncer's sync: the WAL's fsync, refused after a write failure; a failure of
-  // its own fails the store.
-  absl::Status SyncWal() ABSL_LOCKS_EXCLUDED(health_mu_);
+                     SyncTicket* deferred = nullptr) ABSL_LOCKS_EXCLUDED(health_mu_, wal_mu_);
+  // The WalSyncer's sync: the WAL's fsync, never concurrent with a write, refused after
+  // a write failure; a failure of its own fails the store.
+  absl::Status SyncWal() ABSL_LOCKS_EXCLUDED(health_mu_, wal_mu_);
   // OK, or FAILED_PRECONDITION naming `operation` after an earlier write failure.
   absl::Status CheckWritable(absl::string_view operation) const
       ABSL_LOCKS_EXCLUDED(health_mu_);
@@ -327,6 +327,9 @@ class Store {
 
   mutable absl::Mutex health_mu_;
   absl::Status write_failure_ ABSL_GUARDED_BY(health_mu_);
+  // Writes hold it shared from their writability check to the recording of their
+  // failure; the WalSyncer's sync holds it exclusively (see SyncWal).
+  absl::Mutex wal_mu_ ABSL_ACQUIRED_BEFORE(health_mu_);
 
   // Syncs deferred commits; null without sync. Destroyed before the database closes.
   std::unique_ptr<WalSyncer> syncer_;

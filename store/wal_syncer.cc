@@ -32,13 +32,6 @@ absl::Status WalSyncer::Await(SyncTicket ticket) {
   return failure_;
 }
 
-absl::Status WalSyncer::AwaitIdle() {
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](bool* syncing) { return !*syncing; }, &syncing_));
-  return failure_;
-}
-
 bool WalSyncer::IsSynced(SyncTicket ticket) const {
   absl::MutexLock lock(&mu_);
   return synced_ >= ticket.value;
@@ -64,11 +57,9 @@ void WalSyncer::Run() {
     // Every ticket taken by now belongs to a write that has returned: this sync,
     // beginning after, covers them all. Later tickets wait for the next one.
     const uint64_t target = written_;
-    syncing_ = true;
     mu_.Unlock();
     absl::Status s = sync_();
     mu_.Lock();
-    syncing_ = false;
     if (s.ok()) {
       synced_ = target;
       ++syncs_;

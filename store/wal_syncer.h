@@ -51,10 +51,6 @@ class WalSyncer {
   absl::Status Await(SyncTicket ticket) ABSL_LOCKS_EXCLUDED(mu_);
   // Whether `ticket` is durable now (does not wait).
   bool IsSynced(SyncTicket ticket) const ABSL_LOCKS_EXCLUDED(mu_);
-  // Waits for a sync in progress (if any) to end; the error of the failed sync, if one
-  // failed. A failed sync also fails the writer it synced, and writes then fail with a
-  // message that hides the cause: this names it.
-  absl::Status AwaitIdle() ABSL_LOCKS_EXCLUDED(mu_);
   // Syncs completed OK so far (tests: one sync serves many tickets).
   uint64_t syncs() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -69,7 +65,6 @@ class WalSyncer {
   uint64_t syncs_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  bool syncing_ ABSL_GUARDED_BY(mu_) = false;
 
   std::thread thread_;  // last: starts once the fields above are initialised
 };

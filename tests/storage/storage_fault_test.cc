@@ -223,16 +223,15 @@ TEST_P(StorageFaultTest, WorkersHaltNothingAdvancesAndEverySourceResumesAfterRes
           << p.DebugString();
     }
     reported[id] = p.checkpoint();
-    // Reads still work and see what the worker reported, or, when a sync failed, a page
-    // or two after it: written with their syncs deferred (max_unsynced_pages), never
-    // reported, and not durable (the power loss below takes them back).
+    // Reads still work and see what the worker reported, or a page or two after it:
+    // written with their syncs deferred (max_unsynced_pages), never reported because
+    // the failure stopped their sync (the power loss below takes them back).
     absl::StatusOr<store::CheckpointRecord> cp =
         store_->LoadCheckpoint(id, store::Stage::kIngest);
     ASSERT_TRUE(cp.ok()) << cp.status();
     const uint64_t ahead = cp->version() - p.checkpoint().checkpoint_version();
-    const bool unsynced_pages = (fault_case.ops & FaultInjectionFs::kSync) != 0 &&
-                                cp->version() >= p.checkpoint().checkpoint_version() &&
-                                ahead <= kMaxUnsyncedPages;
+    const bool unsynced_pages =
+        cp->version() >= p.checkpoint().checkpoint_version() && ahead <= kMaxUnsyncedPages;
     if (!unsynced_pages) {
       EXPECT_EQ(cp->version(), p.checkpoint().checkpoint_version()) << id;
       EXPECT_EQ(cp->resume_cursor(), p.checkpoint().resume_cursor()) << id;
@@ -309,6 +308,75 @@ TEST_P(StorageFaultTest, WorkersHaltNothingAdvancesAndEverySourceResumesAfterRes
   }
   EXPECT_TRUE(store_->health().ok());
 }
+
+// A power cut in the middle of ingest, with pages written whose syncs are in flight.
+// After the cut: every source's rows are exactly the canonical chain up to its durable
+// checkpoint (whole steps only), the checkpoint is at or after what was reported before
+// the cut, and every source resumes to the head.
+//
+// The cut is simulated by failing every further I/O while the process goes on, which is
+// a failing disk rather than a power cut. With memtables small enough to flush during
+// the run, a flush's own WAL sync then fails too, and Debian's assertion-enabled RocksDB
+// can abort in the next DB::SyncWAL (2 of ~40 runs with 256 KiB memtables: README,
+// "Guarantees and their limits"); so this test keeps the default memtables. That a flush
+// never persists one family's part of an unsynced step is RocksDB's (store/README.md).
+class PowerLossTest : public StorageFaultTest {};
+
+TEST_P(PowerLossTest, MidIngestLeavesWholeStepsAtOrAfterWhatWasReported) {
+  ASSERT_NO_FATAL_FAILURE(OpenAll());
+  ASSERT_NO_FATAL_FAILURE(CreateSources());
+  sim_->chain().AddBlocks(3000);
+  const uint64_t head = sim_->chain().View().head;
+  for (const char* id : kSources) {
+    ASSERT_TRUE(Eventually([&] { return Progress(id).checkpoint().applied_block() >= 600; }))
+        << id << " did not get going: " << Progress(id).DebugString();
+  }
+  std::map<std::string, handoff::v1::Checkpoint> reported;
+  bool mid_ingest = false;
+  for (const char* id : kSources) {
+    reported[id] = Progress(id).checkpoint();
+    mid_ingest |= reported[id].applied_block() < head;
+  }
+  fs_->Deactivate();  // the power goes: nothing more reaches the disk
+  EXPECT_TRUE(mid_ingest) << "every source had caught up before the cut";
+  CloseAll();
+  ASSERT_TRUE(fs_->DropUnsyncedData().ok());
+  fs_->Reactivate();
+  {
+    store::StoreOptions so;
+    so.path = dir_;
+    so.env = env_.get();
+    absl::StatusOr<std::unique_ptr<store::Store>> s = store::Store::Open(so);
+    ASSERT_TRUE(s.ok()) << s.status();
+    store_ = *std::move(s);
+    for (const char* id : kSources) {
+      absl::StatusOr<store::CheckpointRecord> cp =
+          store_->LoadCheckpoint(id, store::Stage::kIngest);
+      ASSERT_TRUE(cp.ok()) << cp.status();
+      EXPECT_GE(cp->version(), reported[id].checkpoint_version()) << id << ": reported, then lost";
+      EXPECT_FALSE(AppliedOf(*cp) < AppliedOf(reported[id])) << id;
+      EXPECT_EQ(Rows(id), Canonical(AppliedOf(*cp))) << id << ": not whole steps";
+    }
+    store_.reset();
+  }
+  ASSERT_NO_FATAL_FAILURE(OpenAll());
+  for (const char* id : kSources) {
+    ASSERT_TRUE(Eventually([&] {
+      handoff::v1::Progress p = Progress(id);
+      return p.checkpoint().applied_block() == head &&
+             p.checkpoint().applied_log_index() == kLogs - 1;
+    })) << id << " did not resume: " << Progress(id).DebugString();
+    EXPECT_EQ(Rows(id), Canonical(Position{head, kLogs - 1})) << id << ": rows lost or wrong";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cut, PowerLossTest,
+                         ::testing::Values(FaultCase{"PowerLossMidIngest", 0,
+                                                     FaultInjectionFs::Error::kIoError, "",
+                                                     true}),
+                         [](const ::testing::TestParamInfo<FaultCase>& info) {
+                           return info.param.name;
+                         });
 
 INSTANTIATE_TEST_SUITE_P(
     Faults, StorageFaultTest,

@@ -89,13 +89,18 @@ class StorageFaultTest : public ::testing::TestWithParam<FaultCase> {
     sim_->Stop();
   }
 
-  void OpenAll() {
+  // The database alone, reopened from disk (through the fault-injecting FileSystem).
+  void OpenStore() {
     store::StoreOptions so;
     so.path = dir_;
     so.env = env_.get();
     absl::StatusOr<std::unique_ptr<store::Store>> s = store::Store::Open(so);
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = *std::move(s);
+  }
+
+  void OpenAll() {
+    ASSERT_NO_FATAL_FAILURE(OpenStore());
     consumer::SourceManagerOptions mo;
     mo.store = store_.get();
     mo.worker.fetch_backoff.initial = absl::Milliseconds(20);
@@ -256,12 +261,7 @@ TEST_P(StorageFaultTest, WorkersHaltNothingAdvancesAndEverySourceResumesAfterRes
   }
   fs_->Disarm();
   {
-    store::StoreOptions so;
-    so.path = dir_;
-    so.env = env_.get();
-    absl::StatusOr<std::unique_ptr<store::Store>> s = store::Store::Open(so);
-    ASSERT_TRUE(s.ok()) << s.status();
-    store_ = *std::move(s);
+    ASSERT_NO_FATAL_FAILURE(OpenStore());
     EXPECT_TRUE(store_->health().ok());
     for (const char* id : kSources) {
       absl::StatusOr<store::CheckpointRecord> cp =
@@ -343,12 +343,7 @@ TEST_P(PowerLossTest, MidIngestLeavesWholeStepsAtOrAfterWhatWasReported) {
   ASSERT_TRUE(fs_->DropUnsyncedData().ok());
   fs_->Reactivate();
   {
-    store::StoreOptions so;
-    so.path = dir_;
-    so.env = env_.get();
-    absl::StatusOr<std::unique_ptr<store::Store>> s = store::Store::Open(so);
-    ASSERT_TRUE(s.ok()) << s.status();
-    store_ = *std::move(s);
+    ASSERT_NO_FATAL_FAILURE(OpenStore());
     for (const char* id : kSources) {
       absl::StatusOr<store::CheckpointRecord> cp =
           store_->LoadCheckpoint(id, store::Stage::kIngest);

@@ -448,13 +448,7 @@ absl::StatusOr<CheckpointRecord> Store::LoadCheckpoint(absl::string_view id, Sta
 }
 
 absl::StatusOr<CheckpointRecord> Store::LoadCheckpointLocked(absl::string_view id, Stage stage) {
-  std::string value;
-  RETURN_IF_ERROR(FromRocks(
-      db_->Get(rocksdb::ReadOptions(), cfs_.checkpoints, keys::Checkpoint(id, stage), &value),
-      absl::StrCat("load checkpoint of ", id)));
-  CheckpointRecord record;
-  if (!record.ParseFromString(value)) return Corrupt("checkpoint", id);
-  return record;
+  return LoadCheckpoint(id, stage);
 }
 
 absl::Status Store::ResetSource(absl::string_view id, const CheckpointRecord& ingest,

@@ -37,8 +37,8 @@ struct SyncTicket {
 
 class WalSyncer {
  public:
-  // `sync` makes every write that returned before the call durable (RocksDB's
-  // DB::SyncWAL, safe to call while other threads write).
+  // `sync` makes every write that returned before the call durable (the store's
+  // DB::SyncWAL, which it keeps apart from writes: Store::SyncWal).
   explicit WalSyncer(std::function<absl::Status()> sync);
   ~WalSyncer();
   WalSyncer(const WalSyncer&) = delete;

@@ -33,4 +33,16 @@ absl::Duration Backoff::Next(std::optional<absl::Duration> requested) {
   return d;
 }
 
+absl::Time Backoff::NextDeadline(absl::Time now, std::optional<absl::Duration> requested) {
+  return CoalescedDeadline(now, Next(requested), policy_.coalesce);
+}
+
+absl::Time CoalescedDeadline(absl::Time now, absl::Duration wait, absl::Duration grid) {
+  const absl::Time at = now + wait;
+  if (grid <= absl::ZeroDuration() || wait < 4 * grid) return at;
+  const absl::Duration since_epoch = at - absl::UnixEpoch();
+  const absl::Duration past_grid = since_epoch % grid;  // in [0, grid) after the epoch
+  return past_grid == absl::ZeroDuration() ? at : at + (grid - past_grid);
+}
+
 }  // namespace handoff::consumer

@@ -25,7 +25,20 @@ struct BackoffPolicy {
   // after a failure spread out as widely as possible. 0.5 ("equal jitter") suits a
   // steady wait such as polling at the head: never much sooner than the ceiling.
   double jitter_floor = 0.0;
+  // Timer coalescing for NextDeadline: the deadline of a wait at least 4 * coalesce long
+  // is rounded up to a multiple of `coalesce` on the clock (since the Unix epoch), so
+  // the long waits of many sources in a process end together and one wake-up of the
+  // machine serves a burst of them. What it saves: a caught-up poll cost ~350 us of CPU
+  // when polls came one at a time 20 ms apart, ~105 us in bursts of 11 every 250 ms
+  // (idle_poll_bench; back to back ~60-90 us): the rest is waking an idle machine.
+  // A wait grows by less than `coalesce`, so by at most a quarter; shorter waits are
+  // left as they are. Zero: off.
+  absl::Duration coalesce = absl::ZeroDuration();
 };
+
+// now + wait, rounded up to a multiple of `grid` since the Unix epoch when
+// wait >= 4 * grid (BackoffPolicy::coalesce); now + wait otherwise or when grid is zero.
+absl::Time CoalescedDeadline(absl::Time now, absl::Duration wait, absl::Duration grid);
 
 class Backoff {
  public:
@@ -36,6 +49,10 @@ class Backoff {
   // n the number of consecutive failures so far, but never below `requested` nor below
   // initial / 2 (so a tight loop is impossible).
   absl::Duration Next(std::optional<absl::Duration> requested = std::nullopt);
+
+  // now + Next(requested), coalesced (BackoffPolicy::coalesce).
+  absl::Time NextDeadline(absl::Time now,
+                          std::optional<absl::Duration> requested = std::nullopt);
 
   // A success: the next failure starts from `initial` again.
   void Reset() { failures_ = 0; }

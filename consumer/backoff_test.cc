@@ -59,5 +59,47 @@ TEST(BackoffTest, ResetStartsFromTheInitialDelayAgain) {
   EXPECT_EQ(b.Next(), absl::Milliseconds(100));
 }
 
+TEST(BackoffTest, LongWaitsEndOnTheCoalescingGrid) {
+  const absl::Duration grid = absl::Milliseconds(250);
+  // An instant between grid points, as a clock would give.
+  const absl::Time now = absl::FromUnixNanos(1'764'500'000'123'456'789);
+  for (absl::Duration wait : {absl::Seconds(1), absl::Milliseconds(2777), absl::Seconds(30)}) {
+    const absl::Time at = CoalescedDeadline(now, wait, grid);
+    EXPECT_GE(at, now + wait) << wait;
+    EXPECT_LT(at, now + wait + grid) << wait;
+    EXPECT_EQ((at - absl::UnixEpoch()) % grid, absl::ZeroDuration()) << wait;
+  }
+  // Two sources whose waits end within one grid step wake together.
+  EXPECT_EQ(CoalescedDeadline(now, absl::Milliseconds(20'010), grid),
+            CoalescedDeadline(now, absl::Milliseconds(20'100), grid));
+}
+
+TEST(BackoffTest, ShortWaitsAndAZeroGridAreNotCoalesced) {
+  const absl::Time now = absl::FromUnixNanos(1'764'500'000'123'456'789);
+  EXPECT_EQ(CoalescedDeadline(now, absl::Milliseconds(999), absl::Milliseconds(250)),
+            now + absl::Milliseconds(999));
+  EXPECT_EQ(CoalescedDeadline(now, absl::Seconds(20), absl::ZeroDuration()),
+            now + absl::Seconds(20));
+  // A deadline already on the grid stays where it is.
+  const absl::Time on_grid = absl::FromUnixSeconds(1'764'500'000);
+  EXPECT_EQ(CoalescedDeadline(on_grid - absl::Seconds(5), absl::Seconds(5),
+                              absl::Milliseconds(250)),
+            on_grid);
+}
+
+TEST(BackoffTest, NextDeadlineCoalescesThePolicysWait) {
+  BackoffPolicy p = Policy(1.0);  // no jitter: 100 ms, 200 ms, ... up to 10 s
+  p.coalesce = absl::Milliseconds(250);
+  Backoff b(p);
+  const absl::Time now = absl::FromUnixNanos(1'764'500'000'123'456'789);
+  // 100 ms is shorter than four grid steps: exact.
+  EXPECT_EQ(b.NextDeadline(now), now + absl::Milliseconds(100));
+  for (int i = 0; i < 4; ++i) b.Next();  // 200, 400, 800, 1600 ms
+  const absl::Time at = b.NextDeadline(now);  // 3.2 s: on the grid
+  EXPECT_GE(at, now + absl::Milliseconds(3200));
+  EXPECT_LT(at, now + absl::Milliseconds(3450));
+  EXPECT_EQ((at - absl::UnixEpoch()) % p.coalesce, absl::ZeroDuration());
+}
+
 }  // namespace
 }  // namespace handoff::consumer

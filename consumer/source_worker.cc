@@ -506,7 +506,7 @@ void SourceWorker::IngestLoop() {
     if (nothing_new) {
       // Nothing new yet: wait before asking again, never spin. Only the first empty
       // poll changes the state (and is logged); later ones move retry_at.
-      const absl::Time at = absl::Now() + idle_backoff.Next();
+      const absl::Time at = idle_backoff.NextDeadline(absl::Now());
       SetState(handoff::v1::SOURCE_STATE_BACKING_OFF, kNoNewEvents, at);
       bool unused = false;
       if (WaitUntil(at, &unused) == Wake::kStopped) break;

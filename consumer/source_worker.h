@@ -64,10 +64,13 @@ struct WorkerOptions {
   BackoffPolicy fetch_backoff;
   // Wait between polls that find nothing new (a caught-up source): the same growth,
   // but equal jitter, so 1000 idle sources poll about every 15-30 s each, not at
-  // random moments down to 0.1 s.
+  // random moments down to 0.1 s; and coalesced on a 250 ms grid, so the polls of the
+  // sources whose waits end within a step go out in one burst (one wake-up of the
+  // machine; BackoffPolicy::coalesce).
   BackoffPolicy idle_backoff = [] {
     BackoffPolicy p;
     p.jitter_floor = 0.5;
+    p.coalesce = absl::Milliseconds(250);
     return p;
   }();
   // Nice increment of the worker's threads (and of the provider threads they start):

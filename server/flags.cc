@@ -57,6 +57,11 @@ ABSL_FLAG(absl::Duration, idle_poll_max, handoff::consumer::WorkerOptions().idle
           "Longest wait between two polls of a caught-up polling source (each wait is "
           "uniform in [half, all] of the growing ceiling). Longer costs less CPU per idle "
           "source and adds head latency; SSE sources are pushed to and do not poll.");
+ABSL_FLAG(absl::Duration, idle_poll_coalesce,
+          handoff::consumer::WorkerOptions().idle_backoff.coalesce,
+          "Grid the idle polls of caught-up polling sources are aligned to (waits of at "
+          "least four steps end on a multiple of it), so that one wake-up of the machine "
+          "serves many sources' polls. Adds less than one step to a wait; 0 turns it off.");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(30),
           "Upper bound of a graceful shutdown (keep the Kubernetes "
           "terminationGracePeriodSeconds a little above it).");
@@ -112,6 +117,13 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
                      " is outside 1s..10m"));
   }
   options.worker.idle_backoff.max = idle_poll_max;
+  const absl::Duration coalesce = absl::GetFlag(FLAGS_idle_poll_coalesce);
+  if (coalesce < absl::ZeroDuration() || coalesce > absl::Seconds(5)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--idle_poll_coalesce=", absl::FormatDuration(coalesce),
+                     " is outside 0s..5s"));
+  }
+  options.worker.idle_backoff.coalesce = coalesce;
   options.handle_signals = true;
   options.source_manager_factory = CreateProductionSourceManager;
   options.factories = ProductionFactories();

@@ -1,7 +1,11 @@
 // CPU of one caught-up poll: HttpProvider::Fetch of the tip cursor against the provider
 // simulator on loopback, which answers an empty page. Measured as the polling thread's
 // own CPU time (CLOCK_THREAD_CPUTIME_ID), so the in-process simulator is not counted.
-// This is the per-poll cost behind scenario 7 (1000 idle polling sources).
+// This is the per-poll cost behind scenario 7 (1000 idle polling sources). Also timed:
+// the same polls spaced out (one every 20 ms, as 1000 sources polling every 15-30 s
+// are without coalescing) and in bursts (11 every 250 ms, as the idle backoff's 250 ms
+// coalescing grid gathers them): what a poll costs depends mostly on whether the
+// machine was awake.
 //   bazel run -c opt //consumer/provider:idle_poll_bench
 #include <semaphore.h>
 #include <time.h>
@@ -67,6 +71,21 @@ int Main(int argc, char** argv) {
   const double wall = absl::ToDoubleSeconds(absl::Now() - wall0);
   std::printf("caught-up polls: %d, client thread CPU %.1f us/poll, wall %.1f us/poll\n",
               kPolls, cpu / kPolls * 1e6, wall / kPolls * 1e6);
+  // The same polls spaced out, then gathered in bursts (see the top).
+  const int kSpaced = 330;
+  for (int burst : {1, 11}) {
+    const absl::Duration gap = burst == 1 ? absl::Milliseconds(20) : absl::Milliseconds(250);
+    double spaced_cpu = 0;
+    for (int i = 0; i < kSpaced; ++i) {
+      if (i % burst == 0) absl::SleepFor(gap);
+      const double c0 = ThreadCpuSeconds();
+      FetchResult r = all[i % providers]->Fetch(cursor);
+      spaced_cpu += ThreadCpuSeconds() - c0;
+      if (!r.page.has_value()) return 1;
+    }
+    std::printf("polls in bursts of %d every %s: client thread CPU %.1f us/poll\n", burst,
+                absl::FormatDuration(gap).c_str(), spaced_cpu / kSpaced * 1e6);
+  }
   // The same polls, each provider on its own thread (as workers are), in turn.
   std::vector<sem_t> turn(providers);
   for (sem_t& t : turn) sem_init(&t, 0, 0);

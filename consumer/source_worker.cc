@@ -1,6 +1,8 @@
 #include "consumer/source_worker.h"
 
+#include <algorithm>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -50,6 +52,15 @@ constexpr size_t kInlineReleaseMaxItems = 64;
 Position Successor(Position p) {
   if (p.log_index == std::numeric_limits<uint64_t>::max()) return Position{p.block + 1, 0};
   return Position{p.block, p.log_index + 1};
+}
+
+// Where a run after `last` starts; none after the very last position.
+std::optional<Position> NextRunStart(Position last) {
+  if (last == Position{std::numeric_limits<uint64_t>::max(),
+                       std::numeric_limits<uint64_t>::max()}) {
+    return std::nullopt;
+  }
+  return Successor(last);
 }
 
 }  // namespace
@@ -538,6 +549,7 @@ absl::Status SourceWorker::ReadOutbox(Position from, Position to, size_t limit,
                                       std::vector<handoff::v1::EventRow>* rows) const {
   if (to < from || limit == 0) return absl::OkStatus();
   const size_t start = rows->size();
+  rows->reserve(start + std::min<size_t>(limit, 1024));
   absl::Status parse_error;
   absl::Status s = parts_.store->ScanOutbox(
       spec_.id(), from, to, [&](Position pos, absl::string_view value) {
@@ -552,19 +564,50 @@ absl::Status SourceWorker::ReadOutbox(Position from, Position to, size_t limit,
   return s.ok() ? parse_error : s;
 }
 
-std::unique_ptr<EarlyDelivery> SourceWorker::SendEarly(Position after, Position to) {
-  if (after == Position{std::numeric_limits<uint64_t>::max(),
-                        std::numeric_limits<uint64_t>::max()}) {
-    return nullptr;
+std::vector<handoff::v1::EventRow>* SourceWorker::ReadAhead::RowsFrom(Position from) {
+  if (!done.has_value()) {
+    if (!pending.valid()) return nullptr;
+    done = pending.get();
   }
-  const Position from = Successor(after);
-  if (to < from) return nullptr;
+  if (!done->status.ok() || done->rows.empty() || done->from != from) return nullptr;
+  return &done->rows;
+}
+
+std::unique_ptr<SourceWorker::ReadAhead> SourceWorker::ReadRunAhead(Position after,
+                                                                    Position to) const {
+  const std::optional<Position> from = NextRunStart(after);
+  if (!from.has_value() || to < *from) return nullptr;
+  auto ahead = std::make_unique<ReadAhead>();
+  ahead->pending = std::async(std::launch::async, [this, from = *from, to] {
+    RunRows r;
+    r.from = from;
+    r.status = ReadOutbox(from, to, static_cast<size_t>(std::max(1, options_.delivery_run)),
+                          &r.rows);
+    return r;
+  });
+  return ahead;
+}
+
+std::unique_ptr<EarlyDelivery> SourceWorker::SendEarly(Position after, Position to,
+                                                       ReadAhead* ahead) {
+  const std::optional<Position> from = NextRunStart(after);
+  if (!from.has_value() || to < *from) return nullptr;
   auto early = std::make_unique<EarlyDelivery>();
   // The next attempt's first call: at most one sink batch, and no more than a run.
   const size_t count = static_cast<size_t>(
       std::max(1, std::min(parts_.sink->max_batch(), options_.delivery_run)));
-  // A failed read sends nothing: the next attempt reads the outbox itself and reports it.
-  if (!ReadOutbox(from, to, count, &early->rows).ok() || early->rows.empty()) return nullptr;
+  const std::vector<handoff::v1::EventRow>* read =
+      ahead != nullptr ? ahead->RowsFrom(*from) : nullptr;
+  if (read != nullptr) {
+    for (size_t i = 0; i < read->size() && early->rows.size() < count; ++i) {
+      if (to < PositionOf((*read)[i])) break;
+      early->rows.push_back((*read)[i]);
+    }
+  } else if (!ReadOutbox(*from, to, count, &early->rows).ok()) {
+    // A failed read sends nothing: the next attempt reads the outbox itself and reports it.
+    return nullptr;
+  }
+  if (early->rows.empty()) return nullptr;
   early->deliveries.reserve(early->rows.size());
   for (const handoff::v1::EventRow& row : early->rows) {
     early->deliveries.push_back(MakeDelivery(spec_.id(), row, GatedFinality(spec_.sink().gate())));
@@ -576,10 +619,28 @@ std::unique_ptr<EarlyDelivery> SourceWorker::SendEarly(Position after, Position 
   return early;
 }
 
+absl::Status SourceWorker::ReadRun(Position from, Position to, std::unique_ptr<ReadAhead> ahead,
+                                   std::vector<handoff::v1::EventRow>* rows) const {
+  if (ahead != nullptr) {
+    std::vector<handoff::v1::EventRow>* read = ahead->RowsFrom(from);
+    // The mark only moves up, but a run never goes past the one read now.
+    while (read != nullptr && !read->empty() && to < PositionOf(read->back())) read->pop_back();
+    if (read != nullptr && !read->empty()) {
+      FaultPoints::Hit("delivery.read_ahead_used");
+      *rows = std::move(*read);
+      return absl::OkStatus();
+    }
+    FaultPoints::Hit("delivery.read_ahead_dropped");
+  }
+  return ReadOutbox(from, to, static_cast<size_t>(std::max(1, options_.delivery_run)), rows);
+}
+
 void SourceWorker::DeliveryLoop() {
   // The lookahead: the first call of the next run, sent while this run's final step
   // commits (EarlyDelivery). Outlives the attempt that sent it, for the next one.
   std::unique_ptr<EarlyDelivery> early;
+  // The read of the next run's rows (ReadRunAhead), started with each run.
+  std::unique_ptr<ReadAhead> ahead;
   while (!stopping()) {
     absl::StatusOr<store::CheckpointRecord> dcp =
         parts_.store->LoadCheckpoint(spec_.id(), store::Stage::kDelivery);
@@ -604,8 +665,7 @@ void SourceWorker::DeliveryLoop() {
           dcp->has_applied()
               ? Successor(Position{dcp->applied_block(), dcp->applied_log_index()})
               : Position{0, 0};
-      absl::Status s = ReadOutbox(
-          from, to, static_cast<size_t>(std::max(1, options_.delivery_run)), &run.items);
+      absl::Status s = ReadRun(from, to, std::move(ahead), &run.items);
       if (!s.ok()) {
         Halt(handoff::v1::SOURCE_STATE_STORAGE_FAILED,
              absl::StrCat("cannot read the outbox: ", s.message()), s);
@@ -625,7 +685,10 @@ void SourceWorker::DeliveryLoop() {
     std::unique_ptr<EarlyDelivery> next;
     config.early = early.get();
     const Position last = PositionOf(run.items.back());
-    config.on_final_commit = [this, &next, last, to] { next = SendEarly(last, to); };
+    ahead = ReadRunAhead(last, to);
+    config.on_final_commit = [this, &next, &ahead, last, to] {
+      next = SendEarly(last, to, ahead.get());
+    };
     auto attempt =
         std::make_unique<PageAttempt>(config, *std::move(dcp), std::move(run));
     const bool go_on = DriveAttempt(attempt.get(), store::Stage::kDelivery);

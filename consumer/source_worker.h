@@ -32,6 +32,7 @@
 
 #include <atomic>
 #include <deque>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -153,9 +154,33 @@ class SourceWorker {
   // `limit` of them. kDataLoss for an unreadable entry.
   absl::Status ReadOutbox(Position from, Position to, size_t limit,
                           std::vector<handoff::v1::EventRow>* rows) const;
+  // The next run's outbox rows, read on a helper thread while the current run is
+  // delivered (the delivery thread mostly waits for the sink meanwhile), so neither the
+  // lookahead call nor the next run reads the outbox in line. Used only by a run that
+  // starts where the read started; the rows lie at or below the gate's mark, which the
+  // outbox never rewrites (the premise of the lookahead call too).
+  struct RunRows {
+    Position from;
+    std::vector<handoff::v1::EventRow> rows;
+    absl::Status status;
+  };
+  struct ReadAhead {
+    std::future<RunRows> pending;  // valid until RowsFrom() waits for it
+    std::optional<RunRows> done;
+    // The rows read, if the read started at `from` and succeeded (waits for it); else
+    // nullptr.
+    std::vector<handoff::v1::EventRow>* RowsFrom(Position from);
+  };
+  // Starts reading the run after `after` (at most delivery_run entries up to `to`).
+  std::unique_ptr<ReadAhead> ReadRunAhead(Position after, Position to) const;
   // Sends the first call of the run after `after` (outbox entries up to `to`) on a
-  // helper thread: the lookahead of DeliveryLoop. Null when there is nothing to send.
-  std::unique_ptr<EarlyDelivery> SendEarly(Position after, Position to);
+  // helper thread: the lookahead of DeliveryLoop. Takes its rows from `ahead` when it
+  // has them. Null when there is nothing to send.
+  std::unique_ptr<EarlyDelivery> SendEarly(Position after, Position to, ReadAhead* ahead);
+  // The run of at most delivery_run entries in [from, to]: `ahead`'s rows when it read
+  // from `from` (trimmed to `to`), else read from the outbox now. `ahead` may be null.
+  absl::Status ReadRun(Position from, Position to, std::unique_ptr<ReadAhead> ahead,
+                       std::vector<handoff::v1::EventRow>* rows) const;
   // Runs one attempt to its end. Returns false when the loop must exit. An ingest
   // attempt that leaves an unsynced barrier stores it in unsynced_.
   bool DriveAttempt(PageAttempt* attempt, store::Stage stage);

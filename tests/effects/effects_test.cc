@@ -217,6 +217,8 @@ TEST(Effects, FinalizedGateNeverDeliversReorgedEvents) {
   // The lookahead ran: later runs' first calls were answered during the previous run's
   // commit, and still every key was delivered once (above).
   EXPECT_GT(FaultPoints::Hits("delivery.early_answers_used"), 0);
+  // And each later run's rows were read while the run before it was delivered.
+  EXPECT_GT(FaultPoints::Hits("delivery.read_ahead_used"), 0);
   FaultPoints::CountHits(false);
 }
 

@@ -309,6 +309,13 @@ std::vector<Row> BuildRows(const json& raw, const MemoryBound& bound) {
       const json& idle = raw[probe]["idle_server"];
       r.limit = absl::StrFormat("same server, not ingesting: p50 %.3f ms, p99 %.3f ms",
                                 idle.value("p50_ms", 0.0), idle.value("p99_ms", 0.0));
+      // The hypervisor's share of the vCPUs' time (steal) in each window.
+      if (raw[probe].contains("steal_fraction")) {
+        absl::StrAppend(&r.limit,
+                        absl::StrFormat("; steal %.1f%% ingesting, %.1f%% not",
+                                        100 * raw[probe].value("steal_fraction", 0.0),
+                                        100 * idle.value("steal_fraction", 0.0)));
+      }
     }
     r.ratio = "-";
     r.goal = "p99 < 2 ms";

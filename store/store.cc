@@ -67,11 +67,11 @@ rocksdb::ColumnFamilyOptions FamilyOptions(const StoreOptions& options,
   cf.bottommost_compression = rocksdb::kDisableCompressionOption;  // per level, above
   rocksdb::BlockBasedTableOptions table;
   table.block_cache = cache;
-  if (IsPerEventFamily(family)) {
-    // Receipt and row lookups by position: a bloom filter turns a miss into ~3 us.
-    table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10, false));
-    table.whole_key_filtering = true;
-  }
+  // No bloom filters: every read of the per-event families is a range scan over a page's
+  // or a run's positions (ReceiptLedger::Load, QueryEvents, the outbox), which a
+  // whole-key filter cannot answer, while building one at every flush and compaction
+  // cost 4-10% of ingest's CPU (bench/HISTORY.md item 57). Point reads (checkpoints,
+  // sources, holds) go to small families that stay in the block cache.
   table.cache_index_and_filter_blocks = true;
   table.pin_l0_filter_and_index_blocks_in_cache = true;
   cf.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));

@@ -1,5 +1,6 @@
 #include "store/row_codec.h"
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -46,6 +47,15 @@ struct HexDigits {
 };
 constexpr HexDigits kDigits;
 constexpr char kLowerHex[] = "0123456789abcdef";
+// kHexPairs[2 * b], kHexPairs[2 * b + 1]: the two lower-case hex digits of byte b.
+constexpr std::array<char, 512> kHexPairs = [] {
+  std::array<char, 512> pairs{};
+  for (int b = 0; b < 256; ++b) {
+    pairs[2 * b] = kLowerHex[b >> 4];
+    pairs[2 * b + 1] = kLowerHex[b & 15];
+  }
+  return pairs;
+}();
 
 // Decodes n_chars (even) lowercase hex digits at `in` into n_chars / 2 bytes at `out`.
 // False if any character is not a lowercase hex digit (then `out` holds garbage).
@@ -88,6 +98,31 @@ bool DecodeLowerHex(const char* in, size_t n_chars, char* out) {
     out[i / 2] = static_cast<char>(((hi & 15) << 4) | (lo & 15));
   }
   return bad >= 0;
+}
+
+// Writes the 2 * n lowercase hex digits of the n bytes at `in` to `out`.
+void EncodeLowerHex(const unsigned char* in, size_t n, char* out) {
+  size_t i = 0;
+#if defined(__SSE2__)
+  // 16 bytes -> 32 digits per step: split each byte into its nibbles, interleave them
+  // (high first) and map 0..9 to '0'..'9', 10..15 to 'a'..'f'.
+  const __m128i low_nibble = _mm_set1_epi8(0x0F), nine = _mm_set1_epi8(9);
+  const __m128i zero = _mm_set1_epi8('0'), letter_gap = _mm_set1_epi8('a' - '0' - 10);
+  auto digits = [&](__m128i v) {
+    return _mm_add_epi8(_mm_add_epi8(v, zero),
+                        _mm_and_si128(_mm_cmpgt_epi8(v, nine), letter_gap));
+  };
+  for (; i + 16 <= n; i += 16) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), low_nibble);
+    const __m128i lo = _mm_and_si128(b, low_nibble);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i),
+                     digits(_mm_unpacklo_epi8(hi, lo)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i + 16),
+                     digits(_mm_unpackhi_epi8(hi, lo)));
+  }
+#endif
+  for (; i < n; ++i) std::memcpy(out + 2 * i, &kHexPairs[2 * in[i]], 2);
 }
 
 // Writes a StoredRow into memory reserved beforehand (MaxEncodedSize), so that no field
@@ -171,10 +206,9 @@ void DecodeHexField(const std::string& stored, bool verbatim, std::string* text)
   char* p = text->data();
   *p++ = '0';
   *p++ = 'x';
-  for (unsigned char c : stored) {
-    *p++ = kLowerHex[c >> 4];
-    *p++ = kLowerHex[c & 15];
-  }
+  // The data field is most of a row: nibble by nibble, this was a fifth of the delivery
+  // stage's CPU (reading the outbox).
+  EncodeLowerHex(reinterpret_cast<const unsigned char*>(stored.data()), stored.size(), p);
 }
 
 }  // namespace

@@ -136,6 +136,22 @@ TEST(RowCodecTest, LongHexDecodesExactlyAndABadDigitAnywhereIsCaught) {
   }
 }
 
+// Stored bytes of every length across the vectorized encoder's 16-byte steps and its
+// tail, holding every byte value, come back as the same lowercase hex.
+TEST(RowCodecTest, EveryByteValueAndLengthDecodesToLowercaseHex) {
+  std::string all;
+  for (int i = 0; i < 256; ++i) all.push_back(static_cast<char>(i));
+  for (size_t len = 0; len <= 70; ++len) {
+    for (size_t start = 0; start + len <= all.size(); start += 37) {
+      const std::string bytes = all.substr(start, len);
+      handoff::v1::EventRow row;
+      row.set_data("0x" + absl::BytesToHexString(bytes));
+      row.set_transaction_hash("0x" + absl::BytesToHexString(all.substr(256 - len, len)));
+      ExpectRoundTrip(row);
+    }
+  }
+}
+
 TEST(RowCodecTest, ValuesInTheEarlierEventRowFormatStillDecode) {
   const handoff::v1::EventRow row = CanonicalRow();
   handoff::v1::EventRow back;

@@ -152,7 +152,7 @@ std::pair<std::string, int> ReadCount(const store::Store& store, absl::string_vi
          size_t space = value.find(' ');
          if (space == absl::string_view::npos) return false;
          out.first = std::string(value.substr(0, space));
-         absl::SimpleAtoi(value.substr(space + 1), &out.second);
+         if (!absl::SimpleAtoi(value.substr(space + 1), &out.second)) out.second = 0;
          return false;
        })
       .IgnoreError();

@@ -135,7 +135,9 @@ TEST_P(PageRulesTest, AnAdvancingEmptyPageCommitsItsCursor) {
     EXPECT_EQ(j[i].from, covered);
     ASSERT_TRUE(j[i].has_through);
     covered = j[i].through + 1;
-    if (i + 1 < j.size()) EXPECT_EQ(j[i + 1].cursor, j[i].next);
+    if (i + 1 < j.size()) {
+      EXPECT_EQ(j[i + 1].cursor, j[i].next);
+    }
   }
   EXPECT_EQ(covered, 301u);
   // A restart resumes after the empty stretch, not from the start block.

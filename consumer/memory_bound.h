@@ -21,6 +21,10 @@
 // less); string growth at most doubles a buffer. What does not grow with pages (threads,
 // libcurl handles, the process itself) and the storage (store::StoreMemoryCeiling) are
 // separate terms of the process bound, stated in bench/REPORT.md (scenario 5).
+// Not a page term: a gated source's delivery stage holds at most two runs of decoded
+// outbox rows (SourceWorker's current run and the one read ahead) and one sink batch's
+// copy for the lookahead call, each row at most kRowBytesPerWireByte times its wire size
+// (README.md, "Memory").
 #ifndef HANDOFF_CONSUMER_MEMORY_BOUND_H_
 #define HANDOFF_CONSUMER_MEMORY_BOUND_H_
 

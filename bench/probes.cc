@@ -124,6 +124,16 @@ class CountingObserver : public consumer::EngineObserver {
       if (error_.empty()) error_ = absl::StrCat("source ", id, " halted: ", reason);
     }
   }
+  // Refused fetches by the provider's code ("network" for transport failures): a source
+  // that backs off lags the others, which the fairness figures alone do not explain.
+  void OnRefusal(absl::string_view id, absl::string_view code) override {
+    absl::MutexLock lock(&mu_);
+    ++refusals_[std::string(code)];
+  }
+  std::map<std::string, int64_t> refusals() {
+    absl::MutexLock lock(&mu_);
+    return refusals_;
+  }
   // Waits until `target` events committed (true), a halt, or the deadline.
   bool WaitTotal(int64_t target, absl::Time deadline) {
     absl::MutexLock lock(&mu_);
@@ -197,6 +207,7 @@ class CountingObserver : public consumer::EngineObserver {
   std::map<std::string, absl::Time> first_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Time> last_ ABSL_GUARDED_BY(mu_);
   std::string error_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> refusals_ ABSL_GUARDED_BY(mu_);
   int64_t snapshot_target_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<absl::Time> snapshot_time_ ABSL_GUARDED_BY(mu_);  // set once, when taken
   std::map<std::string, int64_t> snapshot_ ABSL_GUARDED_BY(mu_);
@@ -485,6 +496,7 @@ json E2e(const ProbeArgs& a) {
                                                 [](const auto& kv) { return kv.second > 0; })},
               {"start_seconds", start_secs},
               {"half_seconds", half_secs},
+              {"refusals", obs.refusals()},
               {"events", obs.total()},
               {"seconds", secs},
               {"events_per_s", obs.total() / secs},

@@ -222,6 +222,50 @@ TEST(Effects, FinalizedGateNeverDeliversReorgedEvents) {
   FaultPoints::CountHits(false);
 }
 
+// A run that ends early (an operator resolves a hold in its middle, so the next
+// delivery attempt starts inside it, not after it) must not take the rows read ahead
+// for the run after it: every key is still delivered, once.
+TEST(Effects, ARunResumedInsideItselfDropsTheRowsReadAhead) {
+  FaultPoints::CountHits(true);
+  Rig rig(consumer::testing::TestDir("read-ahead-dropped"));
+  LoadReorgingChain(rig.provider("fin"));
+  handoff::sim::v1::FaultConfig faults;
+  faults.mutable_reject()->add_blocks(105);  // the middle of the 4th run of 3
+  rig.sink()->SetFaults(faults);
+  // Single calls: the first refused event ends the run's group, so it alone is held.
+  handoff::v1::SourceSpec spec =
+      rig.Spec("fin", handoff::v1::DELIVERY_GATE_FINALIZED, /*batch=*/false);
+  spec.mutable_failure_policy()->set_on_rejection(handoff::v1::REJECTION_POLICY_HOLD);
+  rig.Create(spec);
+  handoff::v1::ListHoldsRequest lh;
+  lh.set_source_id("fin");
+  ASSERT_TRUE(rig.WaitFor("fin", [&](const handoff::v1::Progress&) {
+    absl::StatusOr<handoff::v1::ListHoldsResponse> h = rig.manager()->ListHolds(lh);
+    return h.ok() && h->holds_size() == 1;
+  }));
+  absl::StatusOr<handoff::v1::ListHoldsResponse> holds = rig.manager()->ListHolds(lh);
+  ASSERT_TRUE(holds.ok());
+  const handoff::v1::Hold hold = holds->holds(0);
+  EXPECT_EQ(hold.event().block_number(), 105u);
+  // Released for a retry: the sink takes it now.
+  rig.sink()->SetFaults(handoff::sim::v1::FaultConfig());
+  handoff::v1::ResolveHoldRequest r;
+  r.set_source_id("fin");
+  r.set_stage(hold.stage());
+  r.set_block_number(hold.event().block_number());
+  r.set_log_index(hold.event().log_index());
+  r.set_decision(handoff::v1::HOLD_DECISION_RETRY);
+  r.set_reason("sink fixed");
+  r.set_hold_version(hold.version());
+  ASSERT_TRUE(rig.manager()->ResolveHold(r, "alice").ok());
+  ASSERT_TRUE(rig.WaitFor("fin", [](const handoff::v1::Progress& p) {
+    return DeliveredThrough(p, 111, 1);
+  })) << "delivery never reached 111:1";
+  ExpectFinalChainDeliveredOnce(rig, "fin");
+  EXPECT_GT(FaultPoints::Hits("delivery.read_ahead_dropped"), 0);
+  FaultPoints::CountHits(false);
+}
+
 TEST(Effects, CrashAtEveryDeliveryStepDeliversEachKeyOnce) {
   for (const char* point : {"delivery.after_deliver", "delivery.before_event_commit",
                             "delivery.after_event_commit", "delivery.before_barrier",

@@ -211,6 +211,21 @@ void ExpectFinalChainDeliveredOnce(Rig& rig, const std::string& id) {
   EXPECT_EQ(mine, 24);
 }
 
+// An operator's decision on `hold`, fenced by the hold's version.
+handoff::v1::ResolveHoldRequest Resolution(const std::string& id, const handoff::v1::Hold& hold,
+                                           handoff::v1::HoldDecision decision,
+                                           const std::string& reason) {
+  handoff::v1::ResolveHoldRequest r;
+  r.set_source_id(id);
+  r.set_stage(hold.stage());
+  r.set_block_number(hold.event().block_number());
+  r.set_log_index(hold.event().log_index());
+  r.set_decision(decision);
+  r.set_reason(reason);
+  r.set_hold_version(hold.version());
+  return r;
+}
+
 bool DeliveredThrough(const handoff::v1::Progress& p, uint64_t block, uint64_t index) {
   const handoff::v1::Checkpoint& d = p.delivery_checkpoint();
   return d.has_applied() && (d.applied_block() > block ||
@@ -265,15 +280,11 @@ TEST(Effects, AHoldResolvedMidRunStillDeliversAndRecordsEveryEvent) {
   EXPECT_EQ(hold.event().block_number(), 105u);
   // Released for a retry: the sink takes it now.
   rig.sink()->SetFaults(handoff::sim::v1::FaultConfig());
-  handoff::v1::ResolveHoldRequest r;
-  r.set_source_id("fin");
-  r.set_stage(hold.stage());
-  r.set_block_number(hold.event().block_number());
-  r.set_log_index(hold.event().log_index());
-  r.set_decision(handoff::v1::HOLD_DECISION_RETRY);
-  r.set_reason("sink fixed");
-  r.set_hold_version(hold.version());
-  ASSERT_TRUE(rig.manager()->ResolveHold(r, "alice").ok());
+  ASSERT_TRUE(rig.manager()
+                  ->ResolveHold(Resolution("fin", hold, handoff::v1::HOLD_DECISION_RETRY,
+                                           "sink fixed"),
+                                "alice")
+                  .ok());
   ASSERT_TRUE(rig.WaitFor("fin", [](const handoff::v1::Progress& p) {
     return DeliveredThrough(p, 111, 1);
   })) << "delivery never reached 111:1";
@@ -391,15 +402,11 @@ TEST(Effects, RefusalsBecomeTheDocumentedHoldOrQuarantine) {
       EXPECT_FALSE(through(*before, 102));
       // Resolving it moves that barrier.
       rig.sink()->SetFaults(handoff::sim::v1::FaultConfig());
-      handoff::v1::ResolveHoldRequest r;
-      r.set_source_id("src");
-      r.set_stage(hold.stage());
-      r.set_block_number(hold.event().block_number());
-      r.set_log_index(hold.event().log_index());
-      r.set_decision(handoff::v1::HOLD_DECISION_IGNORE);
-      r.set_reason("known bad event");
-      r.set_hold_version(hold.version());
-      ASSERT_TRUE(rig.manager()->ResolveHold(r, "alice").ok());
+      ASSERT_TRUE(rig.manager()
+                      ->ResolveHold(Resolution("src", hold, handoff::v1::HOLD_DECISION_IGNORE,
+                                               "known bad event"),
+                                    "alice")
+                      .ok());
       ASSERT_TRUE(rig.WaitFor("src", [&](const handoff::v1::Progress& p) { return through(p, 102); }));
     }
   }

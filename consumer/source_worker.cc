@@ -685,7 +685,12 @@ void SourceWorker::DeliveryLoop() {
     std::unique_ptr<EarlyDelivery> next;
     config.early = early.get();
     const Position last = PositionOf(run.items.back());
-    ahead = ReadRunAhead(last, to);
+    // Only below the finalized mark are outbox entries never rewritten (a correction
+    // reaching a delivered finalized event halts the source); below the safe mark a deep
+    // reorg may still replace them, so a SAFE source reads each run when it starts.
+    if (spec_.sink().gate() == handoff::v1::DELIVERY_GATE_FINALIZED) {
+      ahead = ReadRunAhead(last, to);
+    }
     config.on_final_commit = [this, &next, &ahead, last, to] {
       next = SendEarly(last, to, ahead.get());
     };

@@ -157,8 +157,8 @@ class SourceWorker {
   // The next run's outbox rows, read on a helper thread while the current run is
   // delivered (the delivery thread mostly waits for the sink meanwhile), so neither the
   // lookahead call nor the next run reads the outbox in line. Used only by a run that
-  // starts where the read started; the rows lie at or below the gate's mark, which the
-  // outbox never rewrites (the premise of the lookahead call too).
+  // starts where the read started. FINALIZED gate only: the rows lie at or below the
+  // finalized mark, which the outbox never rewrites.
   struct RunRows {
     Position from;
     std::vector<handoff::v1::EventRow> rows;

@@ -564,25 +564,32 @@ absl::Status SourceWorker::ReadOutbox(Position from, Position to, size_t limit,
   return s.ok() ? parse_error : s;
 }
 
-std::vector<handoff::v1::EventRow>* SourceWorker::ReadAhead::RowsFrom(Position from) {
+std::vector<handoff::v1::EventRow>* SourceWorker::ReadAhead::RowsFrom(Position from,
+                                                                     Position to) {
   if (!done.has_value()) {
     if (!pending.valid()) return nullptr;
     done = pending.get();
   }
-  if (!done->status.ok() || done->rows.empty() || done->from != from) return nullptr;
-  return &done->rows;
+  if (!done->status.ok() || done->from != from) return nullptr;
+  // The mark only moves up, but a run never goes past the one read now.
+  std::vector<handoff::v1::EventRow>& rows = done->rows;
+  while (!rows.empty() && to < PositionOf(rows.back())) rows.pop_back();
+  return rows.empty() ? nullptr : &rows;
 }
 
 std::unique_ptr<SourceWorker::ReadAhead> SourceWorker::ReadRunAhead(Position after,
                                                                     Position to) const {
+  // Only below the finalized mark are outbox entries never rewritten (a correction
+  // reaching a delivered finalized event halts the source); below the safe mark a deep
+  // reorg may still replace them, so a SAFE source reads each run when it starts.
+  if (spec_.sink().gate() != handoff::v1::DELIVERY_GATE_FINALIZED) return nullptr;
   const std::optional<Position> from = NextRunStart(after);
   if (!from.has_value() || to < *from) return nullptr;
   auto ahead = std::make_unique<ReadAhead>();
   ahead->pending = std::async(std::launch::async, [this, from = *from, to] {
     RunRows r;
     r.from = from;
-    r.status = ReadOutbox(from, to, static_cast<size_t>(std::max(1, options_.delivery_run)),
-                          &r.rows);
+    r.status = ReadOutbox(from, to, RunLimit(), &r.rows);
     return r;
   });
   return ahead;
@@ -597,12 +604,9 @@ std::unique_ptr<EarlyDelivery> SourceWorker::SendEarly(Position after, Position 
   const size_t count = static_cast<size_t>(
       std::max(1, std::min(parts_.sink->max_batch(), options_.delivery_run)));
   const std::vector<handoff::v1::EventRow>* read =
-      ahead != nullptr ? ahead->RowsFrom(*from) : nullptr;
+      ahead != nullptr ? ahead->RowsFrom(*from, to) : nullptr;
   if (read != nullptr) {
-    for (size_t i = 0; i < read->size() && early->rows.size() < count; ++i) {
-      if (to < PositionOf((*read)[i])) break;
-      early->rows.push_back((*read)[i]);
-    }
+    early->rows.assign(read->begin(), read->begin() + std::min(count, read->size()));
   } else if (!ReadOutbox(*from, to, count, &early->rows).ok()) {
     // A failed read sends nothing: the next attempt reads the outbox itself and reports it.
     return nullptr;
@@ -622,17 +626,14 @@ std::unique_ptr<EarlyDelivery> SourceWorker::SendEarly(Position after, Position 
 absl::Status SourceWorker::ReadRun(Position from, Position to, std::unique_ptr<ReadAhead> ahead,
                                    std::vector<handoff::v1::EventRow>* rows) const {
   if (ahead != nullptr) {
-    std::vector<handoff::v1::EventRow>* read = ahead->RowsFrom(from);
-    // The mark only moves up, but a run never goes past the one read now.
-    while (read != nullptr && !read->empty() && to < PositionOf(read->back())) read->pop_back();
-    if (read != nullptr && !read->empty()) {
+    if (std::vector<handoff::v1::EventRow>* read = ahead->RowsFrom(from, to); read != nullptr) {
       FaultPoints::Hit("delivery.read_ahead_used");
       *rows = std::move(*read);
       return absl::OkStatus();
     }
     FaultPoints::Hit("delivery.read_ahead_dropped");
   }
-  return ReadOutbox(from, to, static_cast<size_t>(std::max(1, options_.delivery_run)), rows);
+  return ReadOutbox(from, to, RunLimit(), rows);
 }
 
 void SourceWorker::DeliveryLoop() {
@@ -685,12 +686,7 @@ void SourceWorker::DeliveryLoop() {
     std::unique_ptr<EarlyDelivery> next;
     config.early = early.get();
     const Position last = PositionOf(run.items.back());
-    // Only below the finalized mark are outbox entries never rewritten (a correction
-    // reaching a delivered finalized event halts the source); below the safe mark a deep
-    // reorg may still replace them, so a SAFE source reads each run when it starts.
-    if (spec_.sink().gate() == handoff::v1::DELIVERY_GATE_FINALIZED) {
-      ahead = ReadRunAhead(last, to);
-    }
+    ahead = ReadRunAhead(last, to);
     config.on_final_commit = [this, &next, &ahead, last, to] {
       next = SendEarly(last, to, ahead.get());
     };

@@ -30,6 +30,7 @@
 #ifndef HANDOFF_CONSUMER_SOURCE_WORKER_H_
 #define HANDOFF_CONSUMER_SOURCE_WORKER_H_
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <future>
@@ -167,18 +168,21 @@ class SourceWorker {
   struct ReadAhead {
     std::future<RunRows> pending;  // valid until RowsFrom() waits for it
     std::optional<RunRows> done;
-    // The rows read, if the read started at `from` and succeeded (waits for it); else
-    // nullptr.
-    std::vector<handoff::v1::EventRow>* RowsFrom(Position from);
+    // The rows read, up to `to`, if the read started at `from` and succeeded (waits for
+    // it); else nullptr (also when none is left).
+    std::vector<handoff::v1::EventRow>* RowsFrom(Position from, Position to);
   };
-  // Starts reading the run after `after` (at most delivery_run entries up to `to`).
+  // Outbox entries per delivery run (WorkerOptions::delivery_run, at least 1).
+  size_t RunLimit() const { return static_cast<size_t>(std::max(1, options_.delivery_run)); }
+  // Starts reading the run after `after` (at most delivery_run entries up to `to`);
+  // null for a gate other than FINALIZED or when nothing follows.
   std::unique_ptr<ReadAhead> ReadRunAhead(Position after, Position to) const;
   // Sends the first call of the run after `after` (outbox entries up to `to`) on a
   // helper thread: the lookahead of DeliveryLoop. Takes its rows from `ahead` when it
   // has them. Null when there is nothing to send.
   std::unique_ptr<EarlyDelivery> SendEarly(Position after, Position to, ReadAhead* ahead);
   // The run of at most delivery_run entries in [from, to]: `ahead`'s rows when it read
-  // from `from` (trimmed to `to`), else read from the outbox now. `ahead` may be null.
+  // from `from`, else read from the outbox now. `ahead` may be null.
   absl::Status ReadRun(Position from, Position to, std::unique_ptr<ReadAhead> ahead,
                        std::vector<handoff::v1::EventRow>* rows) const;
   // Runs one attempt to its end. Returns false when the loop must exit. An ingest

@@ -211,10 +211,9 @@ void ExpectFinalChainDeliveredOnce(Rig& rig, const std::string& id) {
   EXPECT_EQ(mine, 24);
 }
 
-// An operator's decision on `hold`, fenced by the hold's version.
-handoff::v1::ResolveHoldRequest Resolution(const std::string& id, const handoff::v1::Hold& hold,
-                                           handoff::v1::HoldDecision decision,
-                                           const std::string& reason) {
+// Operator "alice" decides on `hold`, fenced by the hold's version.
+absl::Status Resolve(Rig& rig, const std::string& id, const handoff::v1::Hold& hold,
+                     handoff::v1::HoldDecision decision, const std::string& reason) {
   handoff::v1::ResolveHoldRequest r;
   r.set_source_id(id);
   r.set_stage(hold.stage());
@@ -223,7 +222,7 @@ handoff::v1::ResolveHoldRequest Resolution(const std::string& id, const handoff:
   r.set_decision(decision);
   r.set_reason(reason);
   r.set_hold_version(hold.version());
-  return r;
+  return rig.manager()->ResolveHold(r, "alice").status();
 }
 
 bool DeliveredThrough(const handoff::v1::Progress& p, uint64_t block, uint64_t index) {
@@ -280,11 +279,7 @@ TEST(Effects, AHoldResolvedMidRunStillDeliversAndRecordsEveryEvent) {
   EXPECT_EQ(hold.event().block_number(), 105u);
   // Released for a retry: the sink takes it now.
   rig.sink()->SetFaults(handoff::sim::v1::FaultConfig());
-  ASSERT_TRUE(rig.manager()
-                  ->ResolveHold(Resolution("fin", hold, handoff::v1::HOLD_DECISION_RETRY,
-                                           "sink fixed"),
-                                "alice")
-                  .ok());
+  ASSERT_TRUE(Resolve(rig, "fin", hold, handoff::v1::HOLD_DECISION_RETRY, "sink fixed").ok());
   ASSERT_TRUE(rig.WaitFor("fin", [](const handoff::v1::Progress& p) {
     return DeliveredThrough(p, 111, 1);
   })) << "delivery never reached 111:1";
@@ -402,11 +397,8 @@ TEST(Effects, RefusalsBecomeTheDocumentedHoldOrQuarantine) {
       EXPECT_FALSE(through(*before, 102));
       // Resolving it moves that barrier.
       rig.sink()->SetFaults(handoff::sim::v1::FaultConfig());
-      ASSERT_TRUE(rig.manager()
-                      ->ResolveHold(Resolution("src", hold, handoff::v1::HOLD_DECISION_IGNORE,
-                                               "known bad event"),
-                                    "alice")
-                      .ok());
+      ASSERT_TRUE(
+          Resolve(rig, "src", hold, handoff::v1::HOLD_DECISION_IGNORE, "known bad event").ok());
       ASSERT_TRUE(rig.WaitFor("src", [&](const handoff::v1::Progress& p) { return through(p, 102); }));
     }
   }

@@ -514,11 +514,15 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
       const size_t count = std::min(max_batch, batch.size() - sent);
       std::vector<SinkAnswer> part;
       if (config_.early != nullptr && config_.early->answers.valid()) {
-        // The first call: answered already if it carries exactly the events sent early.
+        // The first call: answered already if it carries exactly the events sent early,
+        // the same events and not just the same positions (a correction since the early
+        // call may have replaced them).
         std::vector<SinkAnswer> early = config_.early->answers.get();
         bool same = sent == 0 && config_.early->rows.size() == count;
         for (size_t k = 0; same && k < count; ++k) {
-          same = PositionOf(config_.early->rows[k]) == slots_[batch[k]].pos;
+          const handoff::v1::EventRow& sent_early = config_.early->rows[k];
+          same = PositionOf(sent_early) == slots_[batch[k]].pos &&
+                 sent_early.block_hash() == page_.items[batch[k]].block_hash();
         }
         if (same) part = std::move(early);
         FaultPoints::Hit(same ? "delivery.early_answers_used" : "delivery.early_answers_dropped");

@@ -577,8 +577,8 @@ std::vector<handoff::v1::EventRow>* SourceWorker::ReadAhead::RowsFrom(Position f
   return rows.empty() ? nullptr : &rows;
 }
 
-std::unique_ptr<SourceWorker::ReadAhead> SourceWorker::ReadRunAhead(Position after,
-                                                                    Position to) const {
+std::unique_ptr<SourceWorker::ReadAhead> SourceWorker::ReadRunAhead(
+    Position after, Position to, uint64_t outbox_epoch) const {
   // Only below the finalized mark are outbox entries never rewritten (a correction
   // reaching a delivered finalized event halts the source); below the safe mark a deep
   // reorg may still replace them, so a SAFE source reads each run when it starts.
@@ -586,6 +586,7 @@ std::unique_ptr<SourceWorker::ReadAhead> SourceWorker::ReadRunAhead(Position aft
   const std::optional<Position> from = NextRunStart(after);
   if (!from.has_value() || to < *from) return nullptr;
   auto ahead = std::make_unique<ReadAhead>();
+  ahead->outbox_epoch = outbox_epoch;
   ahead->pending = std::async(std::launch::async, [this, from = *from, to] {
     RunRows r;
     r.from = from;
@@ -623,10 +624,13 @@ std::unique_ptr<EarlyDelivery> SourceWorker::SendEarly(Position after, Position 
   return early;
 }
 
-absl::Status SourceWorker::ReadRun(Position from, Position to, std::unique_ptr<ReadAhead> ahead,
+absl::Status SourceWorker::ReadRun(Position from, Position to, uint64_t outbox_epoch,
+                                   std::unique_ptr<ReadAhead> ahead,
                                    std::vector<handoff::v1::EventRow>* rows) const {
   if (ahead != nullptr) {
-    if (std::vector<handoff::v1::EventRow>* read = ahead->RowsFrom(from, to); read != nullptr) {
+    std::vector<handoff::v1::EventRow>* read =
+        ahead->outbox_epoch == outbox_epoch ? ahead->RowsFrom(from, to) : nullptr;
+    if (read != nullptr) {
       FaultPoints::Hit("delivery.read_ahead_used");
       *rows = std::move(*read);
       return absl::OkStatus();
@@ -666,7 +670,7 @@ void SourceWorker::DeliveryLoop() {
           dcp->has_applied()
               ? Successor(Position{dcp->applied_block(), dcp->applied_log_index()})
               : Position{0, 0};
-      absl::Status s = ReadRun(from, to, std::move(ahead), &run.items);
+      absl::Status s = ReadRun(from, to, dcp->outbox_epoch(), std::move(ahead), &run.items);
       if (!s.ok()) {
         Halt(handoff::v1::SOURCE_STATE_STORAGE_FAILED,
              absl::StrCat("cannot read the outbox: ", s.message()), s);
@@ -686,7 +690,7 @@ void SourceWorker::DeliveryLoop() {
     std::unique_ptr<EarlyDelivery> next;
     config.early = early.get();
     const Position last = PositionOf(run.items.back());
-    ahead = ReadRunAhead(last, to);
+    ahead = ReadRunAhead(last, to, dcp->outbox_epoch());
     config.on_final_commit = [this, &next, &ahead, last, to] {
       next = SendEarly(last, to, ahead.get());
     };

@@ -158,8 +158,10 @@ class SourceWorker {
   // The next run's outbox rows, read on a helper thread while the current run is
   // delivered (the delivery thread mostly waits for the sink meanwhile), so neither the
   // lookahead call nor the next run reads the outbox in line. Used only by a run that
-  // starts where the read started. FINALIZED gate only: the rows lie at or below the
-  // finalized mark, which the outbox never rewrites.
+  // starts where the read started, under the delivery checkpoint's outbox_epoch the
+  // read began under (a correction since may have rewritten them). FINALIZED gate only:
+  // the rows lie at or below the finalized mark, which corrections reach only in breach
+  // of the provider's contract, while below the safe mark a deep reorg is routine.
   struct RunRows {
     Position from;
     std::vector<handoff::v1::EventRow> rows;
@@ -168,6 +170,7 @@ class SourceWorker {
   struct ReadAhead {
     std::future<RunRows> pending;  // valid until RowsFrom() waits for it
     std::optional<RunRows> done;
+    uint64_t outbox_epoch = 0;  // of the delivery checkpoint loaded before the read
     // The rows read, up to `to`, if the read started at `from` and succeeded (waits for
     // it); else nullptr (also when none is left).
     std::vector<handoff::v1::EventRow>* RowsFrom(Position from, Position to);
@@ -176,14 +179,16 @@ class SourceWorker {
   size_t RunLimit() const { return static_cast<size_t>(std::max(1, options_.delivery_run)); }
   // Starts reading the run after `after` (at most delivery_run entries up to `to`);
   // null for a gate other than FINALIZED or when nothing follows.
-  std::unique_ptr<ReadAhead> ReadRunAhead(Position after, Position to) const;
+  std::unique_ptr<ReadAhead> ReadRunAhead(Position after, Position to,
+                                          uint64_t outbox_epoch) const;
   // Sends the first call of the run after `after` (outbox entries up to `to`) on a
   // helper thread: the lookahead of DeliveryLoop. Takes its rows from `ahead` when it
   // has them. Null when there is nothing to send.
   std::unique_ptr<EarlyDelivery> SendEarly(Position after, Position to, ReadAhead* ahead);
   // The run of at most delivery_run entries in [from, to]: `ahead`'s rows when it read
-  // from `from`, else read from the outbox now. `ahead` may be null.
-  absl::Status ReadRun(Position from, Position to, std::unique_ptr<ReadAhead> ahead,
+  // from `from` under `outbox_epoch`, else read from the outbox now. `ahead` may be null.
+  absl::Status ReadRun(Position from, Position to, uint64_t outbox_epoch,
+                       std::unique_ptr<ReadAhead> ahead,
                        std::vector<handoff::v1::EventRow>* rows) const;
   // Runs one attempt to its end. Returns false when the loop must exit. An ingest
   // attempt that leaves an unsynced barrier stores it in unsynced_.

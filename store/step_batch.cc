@@ -58,11 +58,14 @@ void StepBatch::DeleteHold(Stage stage, Position pos) {
 }
 
 void StepBatch::PutOutbox(Position pos, absl::string_view serialized_row) {
+  NoteOutboxWrite(pos);
   batch_.Put(cfs_->outbox, PositionalKey(pos),
              rocksdb::Slice(serialized_row.data(), serialized_row.size()));
 }
 
 void StepBatch::DeleteOutbox(Position pos) {
+  NoteOutboxWrite(pos);
+  deletes_outbox_ = true;
   batch_.Delete(cfs_->outbox, PositionalKey(pos));
 }
 

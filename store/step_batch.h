@@ -9,6 +9,7 @@
 #ifndef HANDOFF_STORE_STEP_BATCH_H_
 #define HANDOFF_STORE_STEP_BATCH_H_
 
+#include <optional>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -52,6 +53,12 @@ class StepBatch {
   void PutOutbox(Position pos, absl::string_view serialized_row);
   void DeleteOutbox(Position pos);
 
+  // The lowest position of an outbox entry this step puts or deletes, and whether it
+  // deletes one: an ingest step that rewrites entries the delivery stage may have read
+  // fences that stage (Store::CommitStep).
+  const std::optional<Position>& lowest_outbox_write() const { return lowest_outbox_write_; }
+  bool deletes_outbox() const { return deletes_outbox_; }
+
   // Number of operations added so far.
   int count() const { return batch_.Count(); }
   bool empty() const { return batch_.Count() == 0; }
@@ -62,12 +69,20 @@ class StepBatch {
   void Clear() {
     batch_.Clear();
     changes_operator_records_ = false;
+    lowest_outbox_write_.reset();
+    deletes_outbox_ = false;
   }
 
  private:
   friend class Store;
   void Put(rocksdb::ColumnFamilyHandle* cf, const std::string& key,
            const google::protobuf::MessageLite& msg);
+
+  void NoteOutboxWrite(Position pos) {
+    if (!lowest_outbox_write_.has_value() || pos < *lowest_outbox_write_) {
+      lowest_outbox_write_ = pos;
+    }
+  }
 
   // The key of an event's entry, in key_ (valid until the next call).
   const std::string& PositionalKey(Position pos);
@@ -79,6 +94,8 @@ class StepBatch {
   std::string scratch_;  // a serialized record
   std::string key_;      // an event's key
   bool changes_operator_records_ = false;
+  std::optional<Position> lowest_outbox_write_;
+  bool deletes_outbox_ = false;
 };
 
 }  // namespace handoff::store

@@ -4,6 +4,8 @@
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -568,13 +570,22 @@ absl::StatusOr<CheckpointRecord> Store::CommitStep(Stage stage, StepBatch* step,
   c->set_max_correction_depth(std::max(c->max_correction_depth(), d.max_correction_depth()));
   record.set_updated_unix_ms(absl::ToUnixMillis(absl::Now()));
 
+  std::optional<CheckpointRecord> fenced_delivery;
+  if (stage == Stage::kIngest) {
+    ASSIGN_OR_RETURN(fenced_delivery, FenceDeliveryLocked(id, *step));
+  }
+
   rocksdb::WriteBatch* batch = &step->batch_;
   std::string value;
   record.SerializeToString(&value);
-  // The checkpoint joins the caller's batch only for this write: on failure the step is
+  // The checkpoints join the caller's batch only for this write: on failure the step is
   // left as the caller built it, not with a stale checkpoint appended.
   batch->SetSavePoint();
   batch->Put(cfs_.checkpoints, keys::Checkpoint(id, stage), value);
+  if (fenced_delivery.has_value()) {
+    batch->Put(cfs_.checkpoints, keys::Checkpoint(id, Stage::kDelivery),
+               fenced_delivery->SerializeAsString());
+  }
   absl::Status s = Write(batch, absl::StrCat("commit step of ", id), deferred);
   if (!s.ok()) {
     batch->RollbackToSavePoint().PermitUncheckedError();
@@ -582,6 +593,38 @@ absl::StatusOr<CheckpointRecord> Store::CommitStep(Stage stage, StepBatch* step,
   }
   batch->PopSavePoint().PermitUncheckedError();
   return record;
+}
+
+absl::StatusOr<std::optional<CheckpointRecord>> Store::FenceDeliveryLocked(
+    absl::string_view id, const StepBatch& step) {
+  if (!step.lowest_outbox_write().has_value()) return std::nullopt;
+  absl::StatusOr<CheckpointRecord> delivery = LoadCheckpointLocked(id, Stage::kDelivery);
+  if (absl::IsNotFound(delivery.status())) return std::nullopt;
+  RETURN_IF_ERROR(delivery.status());
+  const Position low = *step.lowest_outbox_write();
+  const bool passed =
+      delivery->has_applied() &&
+      Position{delivery->applied_block(), delivery->applied_log_index()} >= low;
+  // Puts above the applied position are new events, which the delivery reads when it
+  // gets there; anything else may rewrite what a delivery in flight has read.
+  if (!passed && !step.deletes_outbox()) return std::nullopt;
+  if (passed) {
+    if (low == Position{0, 0}) {
+      delivery->set_has_applied(false);
+      delivery->set_applied_block(0);
+      delivery->set_applied_log_index(0);
+    } else {
+      const Position before = low.log_index > 0
+                                  ? Position{low.block, low.log_index - 1}
+                                  : Position{low.block - 1, std::numeric_limits<uint64_t>::max()};
+      delivery->set_applied_block(before.block);
+      delivery->set_applied_log_index(before.log_index);
+    }
+  }
+  delivery->set_step_seq(delivery->step_seq() + 1);
+  delivery->set_outbox_epoch(delivery->outbox_epoch() + 1);
+  delivery->set_updated_unix_ms(absl::ToUnixMillis(absl::Now()));
+  return *std::move(delivery);
 }
 
 absl::StatusOr<CheckpointRecord> Store::CompareAndSwap(absl::string_view id, Stage stage,

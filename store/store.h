@@ -27,6 +27,10 @@
 //    deliver from it) until it is synced. The WAL is one ordered log, so a step that
 //    survives a crash brings every step written before it.
 //  * The highest finalized and safe marks never decrease.
+//  * The delivery stage never removes an outbox entry that an ingest correction wrote
+//    after the delivery read it: an ingest step that deletes outbox entries, or writes
+//    one at or below the delivery's applied position, fences the delivery stage in the
+//    same WriteBatch and rewinds its applied position below that entry.
 //  * Every RocksDB error is returned as an absl::Status (rocks_status.h); after a
 //    failed write the store refuses further writes (FAILED_PRECONDITION) until reopened,
 //    so nothing advances on top of a write whose fate is unknown.
@@ -191,7 +195,9 @@ class Store {
   // outcome is unknown (a WAL record whose fsync failed may still be found after a
   // reopen: all of the step, never part of it), so reread the checkpoint after
   // reopening; FAILED_PRECONDITION once an earlier write failed (before the fence is
-  // checked). On failure `batch` is left as the caller built it.
+  // checked). On failure `batch` is left as the caller built it. An ingest step that
+  // deletes outbox entries or writes one the delivery stage has passed also commits the
+  // fenced, rewound delivery checkpoint (FenceDeliveryLocked).
   //
   // With `deferred`, the write does not wait for its fsync: *deferred names it for
   // AwaitSynced, and the store's WalSyncer syncs it in the background (one sync for
@@ -291,6 +297,14 @@ class Store {
   absl::Status CheckWritable(absl::string_view operation) const
       ABSL_LOCKS_EXCLUDED(health_mu_);
   absl::StatusOr<CheckpointRecord> LoadCheckpointLocked(absl::string_view id, Stage stage);
+  // For an ingest step that deletes outbox entries, or writes one the delivery stage
+  // has passed (a correction): the delivery checkpoint to commit with it, its applied
+  // position rewound below the lowest entry written and its step_seq and outbox_epoch
+  // bumped, so the delivery step in flight (which removes entries by position) is
+  // ABORTED and the replacing events are delivered. nullopt when the step leaves the
+  // delivery stage alone or the source has none. REQUIRES: SourceLock(id) held.
+  absl::StatusOr<std::optional<CheckpointRecord>> FenceDeliveryLocked(absl::string_view id,
+                                                                      const StepBatch& step);
   // The lowest version a fresh checkpoint of `id` may carry: above both stages' stored
   // versions and the floor a DeleteSource of `id` left. REQUIRES: SourceLock(id) held.
   absl::StatusOr<uint64_t> NextVersionLocked(absl::string_view id);

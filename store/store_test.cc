@@ -261,6 +261,89 @@ TEST_F(StoreTest, FencedStepCommitsWithItsCheckpoint) {
   EXPECT_EQ(CountRows(store_.get(), "s"), 8);
 }
 
+// The delivery stage has read and delivered through 101:1 and has a step in flight that
+// removes 102:0 from the outbox by position. Each ingest step below is a correction, or
+// a plain page, and what it does to the delivery stage is checked, then the in-flight
+// delivery step commits (or not) against it.
+TEST_F(StoreTest, IngestCorrectionFencesAndRewindsTheDeliveryStage) {
+  Open();
+  CheckpointRecord delivered = Fresh("");
+  delivered.set_has_applied(true);
+  delivered.set_applied_block(101);
+  delivered.set_applied_log_index(1);
+  ASSERT_TRUE(store_->ResetSource("s", Fresh("c0"), delivered).ok());
+  const CheckpointRecord before = Checkpoint("s", Stage::kDelivery);
+  auto delivery_step = [&](const CheckpointRecord& loaded) {
+    std::unique_ptr<StepBatch> step = store_->NewStep("s");
+    step->DeleteOutbox(Position{102, 0});
+    step->PutReceipt(Stage::kDelivery, Position{102, 0}, Receipt(Position{102, 0}));
+    Fence fence;
+    fence.expected_version = loaded.version();
+    fence.expected_step_seq = loaded.step_seq();
+    CheckpointUpdate update;
+    update.applied = Position{102, 0};
+    return store_->CommitStep(Stage::kDelivery, step.get(), fence, update);
+  };
+  auto ingest = [&](const std::function<void(StepBatch*)>& build) {
+    std::unique_ptr<StepBatch> step = store_->NewStep("s");
+    build(step.get());
+    Fence fence;
+    fence.any_version = true;
+    absl::StatusOr<CheckpointRecord> r =
+        store_->CommitStep(Stage::kIngest, step.get(), fence, CheckpointUpdate{});
+    ASSERT_TRUE(r.ok()) << r.status();
+  };
+
+  // A plain page: new entries above what was delivered leave the delivery stage alone.
+  ingest([](StepBatch* step) {
+    step->PutOutbox(Position{102, 0}, RowBytes(Position{102, 0}));
+    step->PutOutbox(Position{103, 0}, RowBytes(Position{103, 0}));
+  });
+  CheckpointRecord d = Checkpoint("s", Stage::kDelivery);
+  EXPECT_EQ(d.step_seq(), before.step_seq());
+  EXPECT_EQ(d.outbox_epoch(), before.outbox_epoch());
+  EXPECT_EQ(d.applied_block(), 101u);
+
+  // A correction replacing 102:0 while the delivery step that removes it is in flight:
+  // the delivery stage is fenced (its step is ABORTED, the new entry stays), and its
+  // applied position is untouched (it had not passed 102:0).
+  ingest([](StepBatch* step) {
+    step->DeleteOutbox(Position{102, 0});
+    step->PutOutbox(Position{102, 0}, RowBytes(Position{102, 0}, 7));
+  });
+  d = Checkpoint("s", Stage::kDelivery);
+  EXPECT_EQ(d.step_seq(), before.step_seq() + 1);
+  EXPECT_EQ(d.outbox_epoch(), before.outbox_epoch() + 1);
+  EXPECT_EQ(d.applied_block(), 101u);
+  EXPECT_EQ(d.applied_log_index(), 1u);
+  absl::StatusOr<CheckpointRecord> stale = delivery_step(before);
+  EXPECT_TRUE(absl::IsAborted(stale.status())) << stale.status();
+  EXPECT_EQ(CountOutbox(store_.get(), "s"), 2);
+  EXPECT_EQ(CountStaged(store_.get(), StagedFamily::kReceipts, "s", Stage::kDelivery), 0);
+  // Reread, the delivery step commits.
+  ASSERT_TRUE(delivery_step(d).ok());
+  EXPECT_EQ(CountOutbox(store_.get(), "s"), 1);
+
+  // A deeper correction writing 101:1 and 101:0, which the delivery stage has passed:
+  // its applied position goes back below the lowest entry written, so they are read.
+  ingest([](StepBatch* step) {
+    step->PutOutbox(Position{101, 1}, RowBytes(Position{101, 1}, 7));
+    step->PutOutbox(Position{101, 0}, RowBytes(Position{101, 0}, 7));
+  });
+  d = Checkpoint("s", Stage::kDelivery);
+  EXPECT_EQ(d.outbox_epoch(), before.outbox_epoch() + 2);
+  EXPECT_TRUE(d.has_applied());
+  EXPECT_EQ(d.applied_block(), 100u);
+  EXPECT_EQ(d.applied_log_index(), kMax);
+  // One reaching the first position clears it; and all of it is on disk.
+  ingest([](StepBatch* step) { step->DeleteOutbox(Position{0, 0}); });
+  Reopen();
+  d = Checkpoint("s", Stage::kDelivery);
+  EXPECT_FALSE(d.has_applied());
+  EXPECT_EQ(d.outbox_epoch(), before.outbox_epoch() + 3);
+  EXPECT_EQ(d.step_seq(), before.step_seq() + 4);  // three fences and the delivery step
+}
+
 TEST_F(StoreTest, RacingCompareAndSwapHasExactlyOneWinner) {
   Open(/*sync=*/false);
   Seed("s");

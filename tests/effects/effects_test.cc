@@ -7,11 +7,13 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "consumer/fault_points.h"
@@ -140,6 +142,15 @@ class Rig {
   }
   sim::SampleSink* sink() { return sink_.get(); }
   FakeProvider& provider(const std::string& id) { return providers_[id]; }
+  // The block hash of the delivery receipt at `pos` (empty when there is none).
+  std::string DeliveredHash(const std::string& id, Position pos) {
+    absl::StatusOr<std::optional<std::string>> v = store_->GetStaged(
+        store::StagedFamily::kReceipts, id, store::Stage::kDelivery, pos);
+    EXPECT_TRUE(v.ok()) << v.status();
+    store::ReceiptRecord receipt;
+    if (!v.ok() || !v->has_value() || !receipt.ParseFromString(**v)) return "";
+    return receipt.block_hash();
+  }
   // The positions that have a delivery-stage receipt (the engine's own record of a
   // delivered event), in order.
   std::vector<Position> DeliveryReceipts(const std::string& id) {
@@ -291,6 +302,105 @@ TEST(Effects, AHoldResolvedMidRunStillDeliversAndRecordsEveryEvent) {
   for (size_t i = 0; i < receipts.size(); ++i) {
     EXPECT_EQ(receipts[i], (Position{100 + i / 2, i % 2})) << i;
   }
+}
+
+// SAFE delivers below the safe mark, which a deep reorg may still reach: the events that
+// replace already delivered ones sit at positions the delivery stage has passed, and
+// must still be delivered (the replaced ones were, as documented for SAFE).
+TEST(Effects, SafeGateDeliversTheEventsOfAReorgBelowWhatWasDelivered) {
+  Rig rig(consumer::testing::TestDir("safe-deep-reorg"));
+  auto events = [](uint64_t from, uint64_t to, const std::string& fork) {
+    std::vector<handoff::v1::EventRow> rows;
+    for (uint64_t b = from; b <= to; ++b) {
+      rows.push_back(MakeRow(b, 0, fork));
+      rows.push_back(MakeRow(b, 1, fork));
+    }
+    return rows;
+  };
+  FakeProvider& provider = rig.provider("safe");
+  provider.SetPage("100", WithMarks(MakePage(100, 103, events(100, 103, "a"), "c1"), 100, 103));
+  rig.Create(rig.Spec("safe", handoff::v1::DELIVERY_GATE_SAFE));
+  ASSERT_TRUE(rig.WaitFor("safe", [](const handoff::v1::Progress& p) {
+    return DeliveredThrough(p, 103, 1);
+  })) << "delivery never reached 103:1";
+  // Blocks 102 and 103 were delivered as safe; a reorg replaces them (and adds 104).
+  provider.SetPage("c1", WithMarks(MakePage(102, 104, events(102, 104, "b"), "c2", /*reorg=*/true),
+                                   101, 104));
+  ASSERT_TRUE(rig.WaitFor("safe", [](const handoff::v1::Progress& p) {
+    return DeliveredThrough(p, 104, 1) && p.counters().corrections() == 1;
+  })) << "delivery never reached 104:1 after the correction";
+  ASSERT_TRUE(rig.WaitFor("safe", [&](const handoff::v1::Progress&) {
+    return rig.Records().count(KeyOf("safe", 103, 1, "b")) == 1;
+  })) << "the replacing events were never delivered";
+  std::map<std::string, sim::SinkRecord> records = rig.Records();
+  for (uint64_t b = 100; b <= 104; ++b) {
+    for (uint64_t i = 0; i < 2; ++i) {
+      const std::string key = KeyOf("safe", b, i, b >= 102 ? "b" : "a");
+      ASSERT_EQ(records.count(key), 1u) << key;
+      EXPECT_EQ(records.at(key).request.finality(), handoff::v1::FINALITY_SAFE) << key;
+    }
+  }
+  // The engine's own record: one delivery receipt per position, of the replacing event.
+  const std::vector<Position> receipts = rig.DeliveryReceipts("safe");
+  ASSERT_EQ(receipts.size(), 10u);
+  for (size_t i = 0; i < receipts.size(); ++i) {
+    EXPECT_EQ(receipts[i], (Position{100 + i / 2, i % 2})) << i;
+    const std::string fork = receipts[i].block >= 102 ? "b" : "a";
+    EXPECT_EQ(rig.DeliveredHash("safe", receipts[i]),
+              MakeRow(receipts[i].block, receipts[i].log_index, fork).block_hash())
+        << i;
+  }
+}
+
+// A correction below the finalized mark (a breach of the provider's contract) of events
+// not yet delivered, committed while the next run's rows were already read ahead: the
+// rows read before it are dropped, and the replacing events are delivered and recorded.
+TEST(Effects, RowsReadAheadBeforeACorrectionAreNotDelivered) {
+  FaultPoints::CountHits(true);
+  Rig rig(consumer::testing::TestDir("read-ahead-epoch"));
+  auto events = [](uint64_t from, uint64_t to, const std::string& fork) {
+    std::vector<handoff::v1::EventRow> rows;
+    for (uint64_t b = from; b <= to; ++b) {
+      rows.push_back(MakeRow(b, 0, fork));
+      rows.push_back(MakeRow(b, 1, fork));
+    }
+    return rows;
+  };
+  FakeProvider& provider = rig.provider("fin");
+  provider.SetPage("100", WithMarks(MakePage(100, 105, events(100, 105, "a"), "c1"), 105, 105));
+  // The first run (100:0..101:0, runs of 3) commits while the second one's rows
+  // (101:1..102:1) are read ahead; its delivery thread then waits for the correction.
+  absl::Notification first_run_done, corrected;
+  auto runs = std::make_shared<std::atomic<int>>(0);
+  FaultPoints::Arm("delivery.after_barrier", [&first_run_done, &corrected, runs] {
+    if (runs->fetch_add(1) == 0) {
+      first_run_done.Notify();
+      corrected.WaitForNotification();
+    }
+    return false;
+  });
+  rig.Create(rig.Spec("fin", handoff::v1::DELIVERY_GATE_FINALIZED));
+  first_run_done.WaitForNotification();
+  provider.SetPage("c1", WithMarks(MakePage(102, 105, events(102, 105, "b"), "c2", /*reorg=*/true),
+                                   105, 105));
+  EXPECT_TRUE(rig.WaitFor("fin", [](const handoff::v1::Progress& p) {
+    return p.counters().corrections() == 1;
+  })) << "the correction never committed";
+  corrected.Notify();
+  ASSERT_TRUE(rig.WaitFor("fin", [](const handoff::v1::Progress& p) {
+    return DeliveredThrough(p, 105, 1);
+  })) << "delivery never reached 105:1";
+  EXPECT_GT(FaultPoints::Hits("delivery.read_ahead_dropped"), 0);
+  std::map<std::string, sim::SinkRecord> records = rig.Records();
+  for (uint64_t b = 100; b <= 105; ++b) {
+    for (uint64_t i = 0; i < 2; ++i) {
+      const std::string fork = b >= 102 ? "b" : "a";
+      EXPECT_EQ(records.count(KeyOf("fin", b, i, fork)), 1u) << b << ":" << i;
+      EXPECT_EQ(rig.DeliveredHash("fin", Position{b, i}), MakeRow(b, i, fork).block_hash())
+          << b << ":" << i;
+    }
+  }
+  FaultPoints::CountHits(false);
 }
 
 TEST(Effects, CrashAtEveryDeliveryStepDeliversEachKeyOnce) {

@@ -209,11 +209,6 @@ HttpProvider::~HttpProvider() {
     WakeTransfers();
     prefetch_.Wait();
   }
-  // A provider that was Close()d since its last request (a halted worker) closes its
-  // connection with it; otherwise the warm connection is left to the other sources.
-  if (held_session_ != nullptr && !fresh_poll_connection_.load()) {
-    pool_->Give(std::move(held_session_));
-  }
   absl::MutexLock lock(&lifecycle_mu_);
   StopReader();
 }
@@ -380,8 +375,7 @@ std::optional<FetchResult> HttpProvider::TakePrefetch(const std::string& cursor)
 }
 
 FetchResult HttpProvider::PollOnce(const std::string& cursor, const std::atomic<bool>* stop) {
-  std::unique_ptr<CurlSession> session =
-      held_session_ != nullptr ? std::move(held_session_) : pool_->Take();
+  std::unique_ptr<CurlSession> session = pool_->Take();
   if (!session->ok()) return Transient("internal", "libcurl could not allocate a session");
   if (fresh_poll_connection_.exchange(false)) session->DropConnections();
   {
@@ -393,14 +387,11 @@ FetchResult HttpProvider::PollOnce(const std::string& cursor, const std::atomic<
     absl::MutexLock lock(&poll_mu_);
     poll_session_ = nullptr;
   }
-  // A source that got a page with news asks again at once: it keeps its session and
-  // connection. One that is caught up or refused waits first: its session goes back to
-  // the pool, for whichever source polls next.
-  if (result.page.has_value() && !result.page->NothingNewAfter(cursor)) {
-    held_session_ = std::move(session);
-  } else {
-    pool_->Give(std::move(session));
-  }
+  // Back to the pool even when the source asks again at once: the pool hands out the
+  // most recently used session first, so its next request finds the same warm
+  // connection if nobody took it meanwhile, and many sources catching up together hold
+  // about as many connections as they have requests in flight, not one each.
+  pool_->Give(std::move(session));
   return result;
 }
 

@@ -3,9 +3,9 @@
 // Polling (TRANSPORT_POLL): every Fetch(c) is one GET {base}/v1/pages?...&from=c, parsed
 // on the calling thread, over a CurlSession leased from a CurlSessionPool for that one
 // request (curl_session.h): the polls of the sources sharing a pool share a few warm
-// connections, and a caught-up source holds none between its polls. A source that is
-// catching up keeps its session from one page to the next, as its requests follow each
-// other at once.
+// connections, and no source holds one between its polls, not even one catching up
+// (64 sources catching up held 64 connections, each kept alive by the provider, where
+// about a third of them have a request in flight at a time: bench/HISTORY.md item 61).
 // Prefetch (poll_prefetch): when Fetch(c) returns a page whose `next` N differs from c,
 // a helper thread at once requests and parses the page for N, so fetching and parsing
 // overlap the engine's commit of the current page. The speculative page is only handed
@@ -187,9 +187,6 @@ class HttpProvider : public Provider {
   // the Fetch thread is elsewhere (handed over by prefetch_.Run() and Wait()).
   PageParser poll_parser_;
   std::string body_;
-  // The session of a source that is catching up, kept from one request to the next
-  // (nullptr once it is caught up: then each poll leases one from the pool).
-  std::unique_ptr<CurlSession> held_session_;
   std::string prefetch_cursor_;
   uint64_t prefetch_generation_ = 0;
   absl::Time prefetch_started_;

@@ -118,7 +118,7 @@ TEST_F(HttpProviderTest, PollWalksTheChainAndMatchesCanonical) {
 
 // Polled requests lease pooled sessions: caught-up sources polling one after another
 // share one kept-alive connection instead of opening one each, a Close() makes the
-// next poll open a new connection, and a source that is catching up keeps its own.
+// next poll open a new connection, and sources catching up lease sessions the same way.
 TEST_F(HttpProviderTest, PollsOfManySourcesShareWarmConnections) {
   auto pool = std::make_shared<CurlSessionPool>(4);
   std::vector<std::unique_ptr<HttpProvider>> providers;
@@ -154,22 +154,23 @@ TEST_F(HttpProviderTest, PollsOfManySourcesShareWarmConnections) {
   EXPECT_NE(after_close[21], after_close[20]) << "Close() must drop the connection";
   EXPECT_EQ(after_close[22], after_close[21]);
 
-  // Catching up (a page with events): the source keeps its session for its next
-  // request, so a caught-up source polling meanwhile gets another one.
+  // Catching up (a page with events): the source gives its session back after each
+  // page too, and a caught-up source polling in between reuses the same connection.
   Page first = ExpectPage(providers[0]->Fetch("0"));
   ASSERT_FALSE(first.items.empty());
+  EXPECT_EQ(pool->stats().idle, 1);
   ExpectPage(providers[1]->Fetch(head));
   ExpectPage(providers[0]->Fetch(first.next));
   std::vector<int> mixed = ports();
   ASSERT_EQ(mixed.size(), 26u);
-  EXPECT_NE(mixed[24], mixed[23]);
-  EXPECT_EQ(mixed[25], mixed[23]) << "a catching-up source keeps its connection";
-  EXPECT_EQ(pool->stats().created, 2);
+  EXPECT_EQ(mixed[24], mixed[23]);
+  EXPECT_EQ(mixed[25], mixed[23]) << "one warm connection serves both";
+  EXPECT_EQ(pool->stats().created, 1);
 }
 
-// A provider going away leaves its warm connection to the pool, unless it was closed
-// (a halted worker closes its connection).
-TEST_F(HttpProviderTest, ClosedProviderDoesNotLeaveItsConnectionInThePool) {
+// Sources catching up at the same time hold as many sessions as they have requests in
+// flight, here two, and no more once their requests are done.
+TEST_F(HttpProviderTest, SourcesCatchingUpHoldNoSessionBetweenPages) {
   auto pool = std::make_shared<CurlSessionPool>(4);
   auto make = [&] {
     HttpProviderOptions o = Options(handoff::v1::TRANSPORT_POLL);
@@ -177,18 +178,23 @@ TEST_F(HttpProviderTest, ClosedProviderDoesNotLeaveItsConnectionInThePool) {
     o.session_pool = pool;
     return Make(std::move(o));
   };
-  std::unique_ptr<HttpProvider> kept = make();
-  ASSERT_FALSE(ExpectPage(kept->Fetch("0")).items.empty());  // catching up: holds it
-  EXPECT_EQ(pool->stats().idle, 0);
-  kept.reset();
+  std::unique_ptr<HttpProvider> a = make();
+  std::unique_ptr<HttpProvider> b = make();
+  Page pa = ExpectPage(a->Fetch("0"));
+  Page pb = ExpectPage(b->Fetch("0"));
+  ASSERT_FALSE(pa.items.empty());
+  ASSERT_FALSE(pb.items.empty());
+  // One after the other: one session, given back after each page.
+  EXPECT_EQ(pool->stats().created, 1);
   EXPECT_EQ(pool->stats().idle, 1);
-
-  std::unique_ptr<HttpProvider> closed = make();
-  ASSERT_FALSE(ExpectPage(closed->Fetch("0")).items.empty());
-  EXPECT_EQ(pool->stats().idle, 0);
-  closed->Close();
-  closed.reset();
-  EXPECT_EQ(pool->stats().idle, 0);
+  std::thread other([&] { ExpectPage(b->Fetch(pb.next)); });
+  ExpectPage(a->Fetch(pa.next));
+  other.join();
+  EXPECT_LE(pool->stats().created, 2);
+  EXPECT_EQ(pool->stats().idle, pool->stats().created);
+  a.reset();
+  b.reset();
+  EXPECT_EQ(pool->stats().idle, pool->stats().created);
 }
 
 // Concurrent polls lease distinct sessions (one request per session at a time), and

@@ -50,16 +50,18 @@ class FaultInjectionFs::File : public rocksdb::FSWritableFileOwnerWrapper {
   }
   rocksdb::IOStatus Sync(const rocksdb::IOOptions& options,
                          rocksdb::IODebugContext* dbg) override {
+    const uint64_t covered = fs_->AppendedSize(fname_);
     rocksdb::IOStatus s = fs_->MaybeFail(kSync, fname_);
     if (s.ok()) s = target()->Sync(options, dbg);
-    if (s.ok()) fs_->OnSync(fname_);
+    if (s.ok()) fs_->OnSync(fname_, covered);
     return s;
   }
   rocksdb::IOStatus Fsync(const rocksdb::IOOptions& options,
                           rocksdb::IODebugContext* dbg) override {
+    const uint64_t covered = fs_->AppendedSize(fname_);
     rocksdb::IOStatus s = fs_->MaybeFail(kSync, fname_);
     if (s.ok()) s = target()->Fsync(options, dbg);
-    if (s.ok()) fs_->OnSync(fname_);
+    if (s.ok()) fs_->OnSync(fname_, covered);
     return s;
   }
   rocksdb::IOStatus Truncate(uint64_t size, const rocksdb::IOOptions& options,
@@ -168,10 +170,11 @@ void FaultInjectionFs::OnAppend(const std::string& fname, uint64_t offset, uint6
   f.size = offset == File::kAtEnd ? f.size + n : std::max(f.size, offset + n);
 }
 
-void FaultInjectionFs::OnSync(const std::string& fname) {
+void FaultInjectionFs::OnSync(const std::string& fname, uint64_t covered) {
   absl::MutexLock lock(&mu_);
   auto it = files_.find(fname);
-  if (it != files_.end()) it->second.synced = it->second.size;
+  if (it == files_.end()) return;
+  it->second.synced = std::max(it->second.synced, std::min(covered, it->second.size));
 }
 
 void FaultInjectionFs::OnTruncate(const std::string& fname, uint64_t size) {
@@ -180,6 +183,54 @@ void FaultInjectionFs::OnTruncate(const std::string& fname, uint64_t size) {
   if (it == files_.end()) return;
   it->second.size = size;
   it->second.synced = std::min(it->second.synced, size);
+}
+
+// A read-write handle of a file the database writes, used only to sync it from another
+// thread (Store::SyncWal): its syncs count like the writer's own, its writes are refused.
+class FaultInjectionFs::SyncHandle : public rocksdb::FSRandomRWFileOwnerWrapper {
+ public:
+  SyncHandle(FaultInjectionFs* fs, std::string fname, std::unique_ptr<rocksdb::FSRandomRWFile> t)
+      : FSRandomRWFileOwnerWrapper(std::move(t)), fs_(fs), fname_(std::move(fname)) {}
+
+  rocksdb::IOStatus Write(uint64_t, const rocksdb::Slice&, const rocksdb::IOOptions&,
+                          rocksdb::IODebugContext*) override {
+    return rocksdb::IOStatus::NotSupported("fault injection: a sync handle does not write");
+  }
+  rocksdb::IOStatus Sync(const rocksdb::IOOptions& options,
+                         rocksdb::IODebugContext* dbg) override {
+    // A sync covers what was appended before it began; appends racing it may or may
+    // not be on disk after a power loss, so they stay unsynced.
+    const uint64_t covered = fs_->AppendedSize(fname_);
+    rocksdb::IOStatus s = fs_->MaybeFail(kSync, fname_);
+    if (s.ok()) s = target()->Sync(options, dbg);
+    if (s.ok()) fs_->OnSync(fname_, covered);
+    return s;
+  }
+  rocksdb::IOStatus Fsync(const rocksdb::IOOptions& options,
+                          rocksdb::IODebugContext* dbg) override {
+    return Sync(options, dbg);
+  }
+
+ private:
+  FaultInjectionFs* const fs_;
+  const std::string fname_;
+};
+
+rocksdb::IOStatus FaultInjectionFs::NewRandomRWFile(
+    const std::string& fname, const rocksdb::FileOptions& file_opts,
+    std::unique_ptr<rocksdb::FSRandomRWFile>* result, rocksdb::IODebugContext* dbg) {
+  rocksdb::IOStatus s = MaybeFail(kCreate, fname);
+  if (!s.ok()) return s;
+  s = target()->NewRandomRWFile(fname, file_opts, result, dbg);
+  if (!s.ok()) return s;
+  *result = std::make_unique<SyncHandle>(this, fname, std::move(*result));
+  return s;
+}
+
+uint64_t FaultInjectionFs::AppendedSize(const std::string& fname) const {
+  absl::MutexLock lock(&mu_);
+  auto it = files_.find(fname);
+  return it == files_.end() ? 0 : it->second.size;
 }
 
 uint64_t FaultInjectionFs::unsynced_bytes() const {

@@ -104,6 +104,13 @@ class FaultInjectionFs : public rocksdb::FileSystemWrapper {
                                       const rocksdb::FileOptions& file_opts,
                                       std::unique_ptr<rocksdb::FSWritableFile>* result,
                                       rocksdb::IODebugContext* dbg) override;
+  // A handle that only syncs (its writes are refused): Store::SyncWal syncs the live
+  // WAL through one while the database appends to it. Its syncs move the synced size
+  // like the writer's own, to what was appended when the sync began.
+  rocksdb::IOStatus NewRandomRWFile(const std::string& fname,
+                                    const rocksdb::FileOptions& file_opts,
+                                    std::unique_ptr<rocksdb::FSRandomRWFile>* result,
+                                    rocksdb::IODebugContext* dbg) override;
   rocksdb::IOStatus RenameFile(const std::string& src, const std::string& target,
                                const rocksdb::IOOptions& options,
                                rocksdb::IODebugContext* dbg) override;
@@ -116,6 +123,8 @@ class FaultInjectionFs : public rocksdb::FileSystemWrapper {
  private:
   class File;
   friend class File;
+  class SyncHandle;
+  friend class SyncHandle;
 
   struct FileState {
     uint64_t size = 0;    // bytes appended
@@ -131,7 +140,9 @@ class FaultInjectionFs : public rocksdb::FileSystemWrapper {
   // `offset` is File::kAtEnd for a plain append.
   void OnAppend(const std::string& fname, uint64_t offset, uint64_t n)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void OnSync(const std::string& fname) ABSL_LOCKS_EXCLUDED(mu_);
+  // A sync that began when `covered` bytes were appended completed.
+  void OnSync(const std::string& fname, uint64_t covered) ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t AppendedSize(const std::string& fname) const ABSL_LOCKS_EXCLUDED(mu_);
   void OnTruncate(const std::string& fname, uint64_t size) ABSL_LOCKS_EXCLUDED(mu_);
   // Wraps a file the target created (if `s` is OK) and tracks it at `initial_size`.
   rocksdb::IOStatus Wrap(const std::string& fname, rocksdb::IOStatus s,

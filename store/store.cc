@@ -16,6 +16,7 @@
 #include "rocksdb/filter_policy.h"
 #include "rocksdb/slice_transform.h"
 #include "rocksdb/table.h"
+#include "rocksdb/transaction_log.h"
 #include "rocksdb/utilities/options_util.h"
 #include "store/rocks_status.h"
 
@@ -221,6 +222,10 @@ Store::Store(const StoreOptions& options, rocksdb::DB* db,
 Store::~Store() {
   // Makes the deferred commits durable (unless the store failed), then stops its thread.
   syncer_.reset();
+  {
+    absl::MutexLock lock(&wal_file_mu_);
+    wal_file_.reset();
+  }
   // After a write failure, closing must not flush or sync again (see Open).
   if (!health().ok()) {
     db_->SetDBOptions({{"avoid_flush_during_shutdown", "true"}}).PermitUncheckedError();
@@ -328,29 +333,62 @@ absl::Status Store::Write(rocksdb::WriteBatch* batch, absl::string_view operatio
       if (deferred != nullptr) wo.sync = false;
       s = FromRocks(db_->Write(wo, batch), operation);
     }
-    if (!s.ok()) {
-      absl::MutexLock lock(&health_mu_);
-      if (write_failure_.ok()) write_failure_ = s;
-      return s;
-    }
+    if (!s.ok()) return Fail(s);
   }
   if (deferred != nullptr) *deferred = syncer_ != nullptr ? syncer_->Written() : SyncTicket{};
   return absl::OkStatus();
 }
 
+absl::Status Store::Fail(absl::Status s) {
+  absl::MutexLock lock(&health_mu_);
+  if (write_failure_.ok()) write_failure_ = s;
+  return s;
+}
+
 absl::Status Store::SyncWal() {
+  absl::MutexLock file_lock(&wal_file_mu_);
+  RETURN_IF_ERROR(CheckWritable("WAL sync"));
+  std::unique_ptr<rocksdb::LogFile> live;
+  absl::Status s = FromRocks(db_->GetCurrentWalFile(&live), "WAL sync: find the live WAL");
+  if (!s.ok()) return Fail(s);
+  // A write that returned before this sync began appended to this WAL or an older one,
+  // and the older ones were synced when the live WAL was last found to have changed.
+  if (wal_file_ != nullptr && live->LogNumber() == wal_file_number_) {
+    ++wal_sync_stats_.by_handle;
+    s = FromRocks(wal_file_->Sync(rocksdb::IOOptions(), nullptr), "WAL sync");
+    return s.ok() ? s : Fail(s);
+  }
+  // A new WAL (or the first sync): RocksDB syncs it, every older one and the directory.
   // No write is inside RocksDB meanwhile, and every earlier write's failure is recorded:
   // a WAL writer that failed an append must not be synced (Debian's assertion-enabled
   // RocksDB aborts the process in SyncWithoutFlush then; a release build returns the
   // earlier error).
   absl::WriterMutexLock wal(&wal_mu_);
   RETURN_IF_ERROR(CheckWritable("WAL sync"));
-  absl::Status s = FromRocks(db_->SyncWAL(), "WAL sync");
-  if (!s.ok()) {
-    absl::MutexLock lock(&health_mu_);
-    if (write_failure_.ok()) write_failure_ = s;
+  s = FromRocks(db_->GetCurrentWalFile(&live), "WAL sync: find the live WAL");
+  if (!s.ok()) return Fail(s);
+  ++wal_sync_stats_.by_rocksdb;
+  s = FromRocks(db_->SyncWAL(), "WAL sync");
+  if (!s.ok()) return Fail(s);
+  // The handle for the next syncs. Opening it changes nothing on disk (the file exists:
+  // it is the live WAL and no write can switch it now); without one, the next sync
+  // takes this path again.
+  wal_file_.reset();
+  rocksdb::Env* env = options_.env != nullptr ? options_.env : rocksdb::Env::Default();
+  std::unique_ptr<rocksdb::FSRandomRWFile> file;
+  if (env->GetFileSystem()
+          ->NewRandomRWFile(options_.path + live->PathName(), rocksdb::FileOptions(), &file,
+                            nullptr)
+          .ok()) {
+    wal_file_ = std::move(file);
+    wal_file_number_ = live->LogNumber();
   }
-  return s;
+  return absl::OkStatus();
+}
+
+Store::WalSyncStats Store::wal_sync_stats() const {
+  absl::MutexLock lock(&wal_file_mu_);
+  return wal_sync_stats_;
 }
 
 bool Store::IsSynced(SyncTicket ticket) const {

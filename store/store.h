@@ -55,6 +55,7 @@
 #include "absl/synchronization/mutex.h"
 #include "handoff/v1/source.pb.h"
 #include "rocksdb/db.h"
+#include "rocksdb/file_system.h"
 #include "store/column_families.h"
 #include "store/keys.h"
 #include "store/position.h"
@@ -266,6 +267,14 @@ class Store {
                                                        absl::string_view id, Stage stage,
                                                        Position pos) const;
 
+  // The WalSyncer's syncs so far (SyncWal), failed ones included: through the live WAL's
+  // own handle, or through RocksDB's SyncWAL (the first, and the first after a WAL switch).
+  struct WalSyncStats {
+    uint64_t by_handle = 0;
+    uint64_t by_rocksdb = 0;
+  };
+  WalSyncStats wal_sync_stats() const ABSL_LOCKS_EXCLUDED(wal_file_mu_);
+
   // OK while writes succeed; the first write failure otherwise (sticky until reopen).
   absl::Status health() const ABSL_LOCKS_EXCLUDED(health_mu_);
 
@@ -290,9 +299,19 @@ class Store {
   // Writes `batch` synced, or, with `deferred`, unsynced and takes its WalSyncer ticket.
   absl::Status Write(rocksdb::WriteBatch* batch, absl::string_view operation,
                      SyncTicket* deferred = nullptr) ABSL_LOCKS_EXCLUDED(health_mu_, wal_mu_);
-  // The WalSyncer's sync: the WAL's fsync, never concurrent with a write, refused after
-  // a write failure; a failure of its own fails the store.
-  absl::Status SyncWal() ABSL_LOCKS_EXCLUDED(health_mu_, wal_mu_);
+  // The WalSyncer's sync, refused after a write failure; a failure of its own fails the
+  // store. Every write that returned before it began is durable when it returns OK.
+  //
+  // While the live WAL is the one the last sync opened, it is fdatasync'ed through a
+  // handle of our own, concurrently with writes, which go on appending meanwhile (one
+  // sync costs 1-2 ms; bench/HISTORY.md item 62). After a WAL switch (and the first
+  // time) it is RocksDB's SyncWAL, which syncs every older WAL too and the directory,
+  // with no write in flight: RocksDB's WAL writer asserts, in Debian's assertion-enabled
+  // build, if it is synced after an append of its own failed, so that sync must begin
+  // only once every earlier write's failure has been recorded.
+  absl::Status SyncWal() ABSL_LOCKS_EXCLUDED(health_mu_, wal_mu_, wal_file_mu_);
+  // Records a failed write or sync: the store refuses writes from then on.
+  absl::Status Fail(absl::Status s) ABSL_LOCKS_EXCLUDED(health_mu_);
   // OK, or FAILED_PRECONDITION naming `operation` after an earlier write failure.
   absl::Status CheckWritable(absl::string_view operation) const
       ABSL_LOCKS_EXCLUDED(health_mu_);
@@ -342,8 +361,13 @@ class Store {
   mutable absl::Mutex health_mu_;
   absl::Status write_failure_ ABSL_GUARDED_BY(health_mu_);
   // Writes hold it shared from their writability check to the recording of their
-  // failure; the WalSyncer's sync holds it exclusively (see SyncWal).
+  // failure; RocksDB's SyncWAL holds it exclusively (see SyncWal).
   absl::Mutex wal_mu_ ABSL_ACQUIRED_BEFORE(health_mu_);
+  // The live WAL's sync handle (SyncWal); only the WalSyncer's thread uses it.
+  mutable absl::Mutex wal_file_mu_ ABSL_ACQUIRED_BEFORE(wal_mu_);
+  std::unique_ptr<rocksdb::FSRandomRWFile> wal_file_ ABSL_GUARDED_BY(wal_file_mu_);
+  uint64_t wal_file_number_ ABSL_GUARDED_BY(wal_file_mu_) = 0;
+  WalSyncStats wal_sync_stats_ ABSL_GUARDED_BY(wal_file_mu_);
 
   // Syncs deferred commits; null without sync. Destroyed before the database closes.
   std::unique_ptr<WalSyncer> syncer_;

@@ -89,6 +89,32 @@ double StealFraction(const MachineTicks& from, const MachineTicks& to) {
   return total > 0 ? static_cast<double>(to.steal - from.steal) / total : 0.0;
 }
 
+// The machine's TCP counters of connections that had to wait (/proc/net/netstat,
+// TcpExt): a full accept queue drops the SYN and the client retries its connect only
+// after a second or more, so a source starts or resumes that much later.
+struct ConnectDelays {
+  int64_t listen_overflows = 0;
+  int64_t syn_retransmits = 0;
+};
+ConnectDelays ReadConnectDelays() {
+  std::ifstream in("/proc/net/netstat");
+  std::string names, values;
+  while (std::getline(in, names) && std::getline(in, values)) {
+    if (names.rfind("TcpExt:", 0) != 0) continue;
+    std::istringstream n(names), v(values);
+    std::string name, value;
+    ConnectDelays d;
+    while (n >> name && v >> value) {
+      int64_t x = 0;
+      if (!absl::SimpleAtoi(value, &x)) continue;
+      if (name == "ListenOverflows") d.listen_overflows = x;
+      if (name == "TCPSynRetrans") d.syn_retransmits = x;
+    }
+    return d;
+  }
+  return ConnectDelays{};
+}
+
 // Resident memory of this process now, in MB (/proc/self/statm).
 double CurrentRssMb() {
   std::ifstream statm("/proc/self/statm");
@@ -452,6 +478,7 @@ json E2e(const ProbeArgs& a) {
   const int64_t target = a.events * a.sources;
   obs.SnapshotAt(target / 2);
   const double cpu0 = CpuSeconds();
+  const ConnectDelays delays0 = ReadConnectDelays();
   const absl::Time t0 = absl::Now();
   // All sources start together, as at process start (Recover): one by one, each start
   // waits ~80 ms for a synced write behind the running sources' page commits, and the
@@ -497,6 +524,8 @@ json E2e(const ProbeArgs& a) {
               {"start_seconds", start_secs},
               {"half_seconds", half_secs},
               {"refusals", obs.refusals()},
+              {"listen_overflows", ReadConnectDelays().listen_overflows - delays0.listen_overflows},
+              {"syn_retransmits", ReadConnectDelays().syn_retransmits - delays0.syn_retransmits},
               {"events", obs.total()},
               {"seconds", secs},
               {"events_per_s", obs.total() / secs},

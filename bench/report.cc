@@ -229,7 +229,8 @@ std::vector<Row> BuildRows(const json& raw, const MemoryBound& bound) {
     r.what = absl::StrCat(name.substr(5), " sources, poll, pages of 1000 (fairness: per-source "
                           "rate min/max ", Num(f.Get(name, "rate_fairness")), ", progress at "
                           "half time min/max ", Num(f.Get(name, "fairness")), "; ",
-                          Num(f.Get(name, "events_per_commit"), "%.0f"), " ev/commit)");
+                          Num(f.Get(name, "events_per_commit"), "%.0f"), " ev/commit; SYN "
+                          "retransmissions ", Num(f.Get(name, "syn_retransmits"), "%.0f"), ")");
     r.measured = Eps(v);
     r.limit = absl::StrCat("1 source ", Eps(one), "; bare RocksDB ", Eps(bare));
     r.ratio = Num(Div(v, one));

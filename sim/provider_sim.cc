@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <thread>
@@ -119,8 +120,22 @@ absl::StatusOr<int> ProviderSim::Start(int port) {
   auto admin = [this](const httplib::Request& q, httplib::Response& r) { HandleAdmin(q, r); };
   s.Get(R"(/sim/.*)", admin);
   s.Post(R"(/sim/.*)", admin);
+  // httplib 0.11 listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into
+  // Debian's libcpp-httplib): when 64 sources connect at once, the accept queue
+  // overflows, the kernel drops SYNs, and a client retries its connect only after 1 s,
+  // then 3 s (bench: 69-170 listen overflows and 32-57 SYN retransmissions per 64-source
+  // run, and sources that started seconds late). The socket is listened on again, with
+  // the system's limit, once bound; Linux takes the new backlog for a listening socket.
+  int listen_fd = -1;
+  s.set_socket_options([&listen_fd](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd = sock;
+  });
   int bound = port == 0 ? s.bind_to_any_port(options_.host) : (s.bind_to_port(options_.host, port) ? port : -1);
   if (bound <= 0) return absl::UnavailableError(absl::StrCat("cannot bind ", options_.host, ":", port));
+  if (listen_fd < 0 || ::listen(listen_fd, SOMAXCONN) != 0) {
+    return absl::InternalError("cannot widen the HTTP server's listen backlog");
+  }
   port_ = bound;
   listener_ = std::thread([this] { server_->listen_after_bind(); });
   // httplib's stop() is a no-op until the listen loop runs: wait for it to start.

@@ -50,19 +50,11 @@ class FaultInjectionFs::File : public rocksdb::FSWritableFileOwnerWrapper {
   }
   rocksdb::IOStatus Sync(const rocksdb::IOOptions& options,
                          rocksdb::IODebugContext* dbg) override {
-    const uint64_t covered = fs_->AppendedSize(fname_);
-    rocksdb::IOStatus s = fs_->MaybeFail(kSync, fname_);
-    if (s.ok()) s = target()->Sync(options, dbg);
-    if (s.ok()) fs_->OnSync(fname_, covered);
-    return s;
+    return fs_->TrackedSync(fname_, [&] { return target()->Sync(options, dbg); });
   }
   rocksdb::IOStatus Fsync(const rocksdb::IOOptions& options,
                           rocksdb::IODebugContext* dbg) override {
-    const uint64_t covered = fs_->AppendedSize(fname_);
-    rocksdb::IOStatus s = fs_->MaybeFail(kSync, fname_);
-    if (s.ok()) s = target()->Fsync(options, dbg);
-    if (s.ok()) fs_->OnSync(fname_, covered);
-    return s;
+    return fs_->TrackedSync(fname_, [&] { return target()->Fsync(options, dbg); });
   }
   rocksdb::IOStatus Truncate(uint64_t size, const rocksdb::IOOptions& options,
                              rocksdb::IODebugContext* dbg) override {
@@ -198,13 +190,7 @@ class FaultInjectionFs::SyncHandle : public rocksdb::FSRandomRWFileOwnerWrapper 
   }
   rocksdb::IOStatus Sync(const rocksdb::IOOptions& options,
                          rocksdb::IODebugContext* dbg) override {
-    // A sync covers what was appended before it began; appends racing it may or may
-    // not be on disk after a power loss, so they stay unsynced.
-    const uint64_t covered = fs_->AppendedSize(fname_);
-    rocksdb::IOStatus s = fs_->MaybeFail(kSync, fname_);
-    if (s.ok()) s = target()->Sync(options, dbg);
-    if (s.ok()) fs_->OnSync(fname_, covered);
-    return s;
+    return fs_->TrackedSync(fname_, [&] { return target()->Sync(options, dbg); });
   }
   rocksdb::IOStatus Fsync(const rocksdb::IOOptions& options,
                           rocksdb::IODebugContext* dbg) override {
@@ -227,10 +213,20 @@ rocksdb::IOStatus FaultInjectionFs::NewRandomRWFile(
   return s;
 }
 
-uint64_t FaultInjectionFs::AppendedSize(const std::string& fname) const {
-  absl::MutexLock lock(&mu_);
-  auto it = files_.find(fname);
-  return it == files_.end() ? 0 : it->second.size;
+rocksdb::IOStatus FaultInjectionFs::TrackedSync(
+    const std::string& fname, const std::function<rocksdb::IOStatus()>& sync) {
+  // A sync covers what was appended before it began; appends racing it may or may not
+  // be on disk after a power loss, so they stay unsynced.
+  uint64_t covered = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = files_.find(fname);
+    if (it != files_.end()) covered = it->second.size;
+  }
+  rocksdb::IOStatus s = MaybeFail(kSync, fname);
+  if (s.ok()) s = sync();
+  if (s.ok()) OnSync(fname, covered);
+  return s;
 }
 
 uint64_t FaultInjectionFs::unsynced_bytes() const {

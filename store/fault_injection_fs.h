@@ -29,6 +29,7 @@
 #define HANDOFF_STORE_FAULT_INJECTION_FS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -140,9 +141,13 @@ class FaultInjectionFs : public rocksdb::FileSystemWrapper {
   // `offset` is File::kAtEnd for a plain append.
   void OnAppend(const std::string& fname, uint64_t offset, uint64_t n)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs `sync` of `fname` unless a fault fails it, then moves the synced size to what
+  // was appended when it began.
+  rocksdb::IOStatus TrackedSync(const std::string& fname,
+                                const std::function<rocksdb::IOStatus()>& sync)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A sync that began when `covered` bytes were appended completed.
   void OnSync(const std::string& fname, uint64_t covered) ABSL_LOCKS_EXCLUDED(mu_);
-  uint64_t AppendedSize(const std::string& fname) const ABSL_LOCKS_EXCLUDED(mu_);
   void OnTruncate(const std::string& fname, uint64_t size) ABSL_LOCKS_EXCLUDED(mu_);
   // Wraps a file the target created (if `s` is OK) and tracks it at `initial_size`.
   rocksdb::IOStatus Wrap(const std::string& fname, rocksdb::IOStatus s,

@@ -179,21 +179,26 @@ consumer::Page WithMarks(consumer::Page p, uint64_t finalized, uint64_t safe) {
   return p;
 }
 
+// Events 0 and 1 of every block in [from, to] of `fork`.
+std::vector<handoff::v1::EventRow> TwoEventsPerBlock(uint64_t from, uint64_t to,
+                                                     const std::string& fork) {
+  std::vector<handoff::v1::EventRow> rows;
+  for (uint64_t b = from; b <= to; ++b) {
+    rows.push_back(MakeRow(b, 0, fork));
+    rows.push_back(MakeRow(b, 1, fork));
+  }
+  return rows;
+}
+
 // A chain 100..111 (two events a block); block 106..109 are reorged to fork "b" before
 // they finalize. Finality then advances to 111.
 void LoadReorgingChain(FakeProvider& p) {
-  auto events = [](uint64_t from, uint64_t to, const std::string& fork) {
-    std::vector<handoff::v1::EventRow> rows;
-    for (uint64_t b = from; b <= to; ++b) {
-      rows.push_back(MakeRow(b, 0, fork));
-      rows.push_back(MakeRow(b, 1, fork));
-    }
-    return rows;
-  };
-  p.SetPage("100", WithMarks(MakePage(100, 103, events(100, 103, "a"), "c1"), 101, 102));
-  p.SetPage("c1", WithMarks(MakePage(104, 109, events(104, 109, "a"), "c2"), 103, 105));
-  p.SetPage("c2", WithMarks(MakePage(106, 109, events(106, 109, "b"), "c3", /*reorg=*/true), 105, 107));
-  p.SetPage("c3", WithMarks(MakePage(110, 111, events(110, 111, "b"), "c4"), 111, 111));
+  p.SetPage("100", WithMarks(MakePage(100, 103, TwoEventsPerBlock(100, 103, "a"), "c1"), 101, 102));
+  p.SetPage("c1", WithMarks(MakePage(104, 109, TwoEventsPerBlock(104, 109, "a"), "c2"), 103, 105));
+  p.SetPage("c2",
+            WithMarks(MakePage(106, 109, TwoEventsPerBlock(106, 109, "b"), "c3", /*reorg=*/true),
+                      105, 107));
+  p.SetPage("c3", WithMarks(MakePage(110, 111, TwoEventsPerBlock(110, 111, "b"), "c4"), 111, 111));
 }
 
 std::string KeyOf(const std::string& id, uint64_t block, uint64_t index, const std::string& fork) {
@@ -309,23 +314,17 @@ TEST(Effects, AHoldResolvedMidRunStillDeliversAndRecordsEveryEvent) {
 // must still be delivered (the replaced ones were, as documented for SAFE).
 TEST(Effects, SafeGateDeliversTheEventsOfAReorgBelowWhatWasDelivered) {
   Rig rig(consumer::testing::TestDir("safe-deep-reorg"));
-  auto events = [](uint64_t from, uint64_t to, const std::string& fork) {
-    std::vector<handoff::v1::EventRow> rows;
-    for (uint64_t b = from; b <= to; ++b) {
-      rows.push_back(MakeRow(b, 0, fork));
-      rows.push_back(MakeRow(b, 1, fork));
-    }
-    return rows;
-  };
   FakeProvider& provider = rig.provider("safe");
-  provider.SetPage("100", WithMarks(MakePage(100, 103, events(100, 103, "a"), "c1"), 100, 103));
+  provider.SetPage("100",
+                   WithMarks(MakePage(100, 103, TwoEventsPerBlock(100, 103, "a"), "c1"), 100, 103));
   rig.Create(rig.Spec("safe", handoff::v1::DELIVERY_GATE_SAFE));
   ASSERT_TRUE(rig.WaitFor("safe", [](const handoff::v1::Progress& p) {
     return DeliveredThrough(p, 103, 1);
   })) << "delivery never reached 103:1";
   // Blocks 102 and 103 were delivered as safe; a reorg replaces them (and adds 104).
-  provider.SetPage("c1", WithMarks(MakePage(102, 104, events(102, 104, "b"), "c2", /*reorg=*/true),
-                                   101, 104));
+  provider.SetPage(
+      "c1", WithMarks(MakePage(102, 104, TwoEventsPerBlock(102, 104, "b"), "c2", /*reorg=*/true),
+                      101, 104));
   ASSERT_TRUE(rig.WaitFor("safe", [](const handoff::v1::Progress& p) {
     return DeliveredThrough(p, 104, 1) && p.counters().corrections() == 1;
   })) << "delivery never reached 104:1 after the correction";
@@ -358,16 +357,9 @@ TEST(Effects, SafeGateDeliversTheEventsOfAReorgBelowWhatWasDelivered) {
 TEST(Effects, RowsReadAheadBeforeACorrectionAreNotDelivered) {
   FaultPoints::CountHits(true);
   Rig rig(consumer::testing::TestDir("read-ahead-epoch"));
-  auto events = [](uint64_t from, uint64_t to, const std::string& fork) {
-    std::vector<handoff::v1::EventRow> rows;
-    for (uint64_t b = from; b <= to; ++b) {
-      rows.push_back(MakeRow(b, 0, fork));
-      rows.push_back(MakeRow(b, 1, fork));
-    }
-    return rows;
-  };
   FakeProvider& provider = rig.provider("fin");
-  provider.SetPage("100", WithMarks(MakePage(100, 105, events(100, 105, "a"), "c1"), 105, 105));
+  provider.SetPage("100",
+                   WithMarks(MakePage(100, 105, TwoEventsPerBlock(100, 105, "a"), "c1"), 105, 105));
   // The first run (100:0..101:0, runs of 3) commits while the second one's rows
   // (101:1..102:1) are read ahead; its delivery thread then waits for the correction.
   absl::Notification first_run_done, corrected;
@@ -381,8 +373,9 @@ TEST(Effects, RowsReadAheadBeforeACorrectionAreNotDelivered) {
   });
   rig.Create(rig.Spec("fin", handoff::v1::DELIVERY_GATE_FINALIZED));
   first_run_done.WaitForNotification();
-  provider.SetPage("c1", WithMarks(MakePage(102, 105, events(102, 105, "b"), "c2", /*reorg=*/true),
-                                   105, 105));
+  provider.SetPage(
+      "c1", WithMarks(MakePage(102, 105, TwoEventsPerBlock(102, 105, "b"), "c2", /*reorg=*/true),
+                      105, 105));
   EXPECT_TRUE(rig.WaitFor("fin", [](const handoff::v1::Progress& p) {
     return p.counters().corrections() == 1;
   })) << "the correction never committed";
@@ -404,9 +397,9 @@ TEST(Effects, RowsReadAheadBeforeACorrectionAreNotDelivered) {
 }
 
 TEST(Effects, CrashAtEveryDeliveryStepDeliversEachKeyOnce) {
-  for (const char* point : {"delivery.after_deliver", "delivery.before_event_commit",
-                            "delivery.after_event_commit", "delivery.before_barrier",
-                            "delivery.after_barrier"}) {
+  for (const char* point :
+       {"delivery.after_deliver", "delivery.before_event_commit", "delivery.after_event_commit",
+        "delivery.before_barrier", "delivery.after_barrier"}) {
     for (int nth : {1, 2}) {
       SCOPED_TRACE(absl::StrCat(point, " #", nth));
       Rig rig(consumer::testing::TestDir(absl::StrCat("crash-", point, "-", nth)));

@@ -211,7 +211,9 @@ TEST(RandomizedCrash, SeededRuns) {
     return;
   }
   int seeds = 40;
-  if (const char* n = getenv("HANDOFF_SEEDS")) ASSERT_TRUE(absl::SimpleAtoi(n, &seeds));
+  if (const char* n = getenv("HANDOFF_SEEDS")) {
+    ASSERT_TRUE(absl::SimpleAtoi(n, &seeds));
+  }
   const uint64_t base = 0x5eed0000;
   for (int i = 0; i < seeds && !HasFatalFailure(); ++i) RunSeed(base + i);
 }

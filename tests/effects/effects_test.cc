@@ -351,6 +351,54 @@ TEST(Effects, SafeGateDeliversTheEventsOfAReorgBelowWhatWasDelivered) {
   }
 }
 
+// The deep SAFE reorg again, with the process crashing at each delivery step of the
+// delivery that follows the correction (the one that starts below what was delivered):
+// after the restart every replacing event is delivered, with its receipt.
+TEST(Effects, SafeGateDeepReorgSurvivesACrashAtEveryDeliveryStep) {
+  for (const char* point :
+       {"delivery.after_deliver", "delivery.before_event_commit", "delivery.after_event_commit",
+        "delivery.before_barrier", "delivery.after_barrier"}) {
+    for (int nth : {1, 2}) {
+      SCOPED_TRACE(absl::StrCat(point, " #", nth));
+      Rig rig(consumer::testing::TestDir(absl::StrCat("safe-crash-", point, "-", nth)));
+      FakeProvider& provider = rig.provider("safe");
+      provider.SetPage(
+          "100", WithMarks(MakePage(100, 105, TwoEventsPerBlock(100, 105, "a"), "c1"), 100, 105));
+      rig.Create(rig.Spec("safe", handoff::v1::DELIVERY_GATE_SAFE, /*batch=*/nth == 1));
+      ASSERT_TRUE(rig.WaitFor("safe", [](const handoff::v1::Progress& p) {
+        return DeliveredThrough(p, 105, 1);
+      })) << "delivery never reached 105:1";
+      std::atomic<bool> fired{false};
+      auto count = std::make_shared<std::atomic<int>>(0);
+      FaultPoints::Arm(point, [&fired, count, nth] {
+        if (count->fetch_add(1) + 1 != nth) return false;
+        fired.store(true);
+        return true;
+      });
+      provider.SetPage("c1", WithMarks(MakePage(103, 106, TwoEventsPerBlock(103, 106, "b"), "c2",
+                                                /*reorg=*/true),
+                                       100, 106));
+      ASSERT_TRUE(rig.WaitFor("safe", [&](const handoff::v1::Progress&) {
+        return fired.load() && rig.impl()->WorkerForTest("safe")->crashed();
+      })) << "fault point never fired";
+      rig.Restart();
+      ASSERT_TRUE(rig.WaitFor("safe", [](const handoff::v1::Progress& p) {
+        return DeliveredThrough(p, 106, 1) && p.counters().corrections() == 1;
+      })) << "delivery never reached 106:1 after the restart";
+      std::map<std::string, sim::SinkRecord> records = rig.Records();
+      for (uint64_t b = 100; b <= 106; ++b) {
+        for (uint64_t i = 0; i < 2; ++i) {
+          const std::string fork = b >= 103 ? "b" : "a";
+          EXPECT_EQ(records.count(KeyOf("safe", b, i, fork)), 1u) << b << ":" << i;
+          EXPECT_EQ(rig.DeliveredHash("safe", Position{b, i}), MakeRow(b, i, fork).block_hash())
+              << b << ":" << i;
+        }
+      }
+      EXPECT_EQ(rig.DeliveryReceipts("safe").size(), 14u);
+    }
+  }
+}
+
 // A correction below the finalized mark (a breach of the provider's contract) of events
 // not yet delivered, committed while the next run's rows were already read ahead: the
 // rows read before it are dropped, and the replacing events are delivered and recorded.

@@ -15,24 +15,22 @@ absl::StatusOr<ReceiptLedger> ReceiptLedger::Load(const store::Store& store,
   ReceiptLedger ledger;
   absl::Status parse_error;
   // Outcomes and holds from one point in time (Store::Snapshot explains the race).
-  const std::unique_ptr<store::Store::Snapshot> at = store.NewSnapshot();
+  ASSIGN_OR_RETURN(const std::unique_ptr<store::Store::SourceView> at,
+                   store.NewSourceView(source_id));
   if (stage == store::Stage::kIngest) {
-    RETURN_IF_ERROR(store.ScanRows(source_id, from, to,
-                                   [&](Position pos, absl::string_view value) {
-                                     handoff::v1::EventRow row;
-                                     absl::Status s = store::DecodeRow(value, &row);
-                                     if (!s.ok()) {
-                                       parse_error = absl::DataLossError(absl::StrCat(
-                                           s.message(), " at ", pos.DebugString()));
-                                       return false;
-                                     }
-                                     ledger.entries_[pos].terminal_hash = row.block_hash();
-                                     return true;
-                                   },
-                                   at.get()));
+    RETURN_IF_ERROR(at->ScanRows(from, to, [&](Position pos, absl::string_view value) {
+      handoff::v1::EventRow row;
+      absl::Status s = store::DecodeRow(value, &row);
+      if (!s.ok()) {
+        parse_error = absl::DataLossError(absl::StrCat(s.message(), " at ", pos.DebugString()));
+        return false;
+      }
+      ledger.entries_[pos].terminal_hash = row.block_hash();
+      return true;
+    }));
   } else {
-    RETURN_IF_ERROR(store.ScanStaged(
-        store::StagedFamily::kReceipts, source_id, stage, from, to,
+    RETURN_IF_ERROR(at->ScanStaged(
+        store::StagedFamily::kReceipts, stage, from, to,
         [&](Position pos, absl::string_view value) {
           store::ReceiptRecord receipt;
           if (!receipt.ParseFromArray(value.data(), value.size())) {
@@ -42,25 +40,23 @@ absl::StatusOr<ReceiptLedger> ReceiptLedger::Load(const store::Store& store,
           }
           ledger.entries_[pos].terminal_hash = receipt.block_hash();
           return true;
-        },
-        at.get()));
+        }));
   }
   RETURN_IF_ERROR(parse_error);
   // An interleaving point, not a crash point (a read has nothing to abandon): a test runs
   // a hold resolution here, between the two scans.
   FaultPoints::Hit("ledger.between_scans");
-  RETURN_IF_ERROR(store.ScanStaged(store::StagedFamily::kHolds, source_id, stage, from, to,
-                                   [&](Position pos, absl::string_view value) {
-                                     handoff::v1::Hold hold;
-                                     if (!hold.ParseFromArray(value.data(), value.size())) {
-                                       parse_error = absl::DataLossError(absl::StrCat(
-                                           "unreadable hold at ", pos.DebugString()));
-                                       return false;
-                                     }
-                                     ledger.entries_[pos].hold = std::move(hold);
-                                     return true;
-                                   },
-                                   at.get()));
+  RETURN_IF_ERROR(at->ScanStaged(store::StagedFamily::kHolds, stage, from, to,
+                                 [&](Position pos, absl::string_view value) {
+                                   handoff::v1::Hold hold;
+                                   if (!hold.ParseFromArray(value.data(), value.size())) {
+                                     parse_error = absl::DataLossError(
+                                         absl::StrCat("unreadable hold at ", pos.DebugString()));
+                                     return false;
+                                   }
+                                   ledger.entries_[pos].hold = std::move(hold);
+                                   return true;
+                                 }));
   RETURN_IF_ERROR(parse_error);
   return ledger;
 }

@@ -711,10 +711,28 @@ absl::Status Store::DeleteKeysOf(absl::string_view id,
   return absl::OkStatus();
 }
 
-absl::Status Store::ScanRange(
+namespace {
+
+// Visits the keys of [begin, end_inclusive] with their positions, from `it` (whose upper
+// bound may lie beyond end_inclusive); DATA_LOSS on a key without a position.
+absl::Status VisitPositions(rocksdb::Iterator* it, const std::string& begin,
+                            const std::string& end_inclusive,
+                            const std::function<bool(Position, absl::string_view)>& fn) {
+  for (it->Seek(begin); it->Valid(); it->Next()) {
+    const absl::string_view key = View(it->key());
+    if (key > end_inclusive) break;
+    absl::StatusOr<Position> pos = keys::DecodePosition(key);
+    if (!pos.ok()) return pos.status();
+    if (!fn(*pos, View(it->value()))) break;
+  }
+  return FromRocks(it->status(), "scan");
+}
+
+}  // namespace
+
+absl::Status Store::ScanPositions(
     rocksdb::ColumnFamilyHandle* cf, const std::string& begin, const std::string& end_inclusive,
-    const std::function<bool(absl::string_view, absl::string_view)>& fn,
-    const Snapshot* at) const {
+    const std::function<bool(Position, absl::string_view)>& fn, const Snapshot* at) const {
   rocksdb::ReadOptions ro;
   if (at != nullptr) ro.snapshot = at->snapshot_;
   std::string upper = end_inclusive;
@@ -722,27 +740,53 @@ absl::Status Store::ScanRange(
   rocksdb::Slice upper_slice(upper);
   ro.iterate_upper_bound = &upper_slice;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cf));
-  for (it->Seek(begin); it->Valid(); it->Next()) {
-    if (!fn(View(it->key()), View(it->value()))) break;
-  }
-  return FromRocks(it->status(), "scan");
+  return VisitPositions(it.get(), begin, end_inclusive, fn);
 }
 
-absl::Status Store::ScanPositions(
-    rocksdb::ColumnFamilyHandle* cf, const std::string& begin, const std::string& end_inclusive,
-    const std::function<bool(Position, absl::string_view)>& fn, const Snapshot* at) const {
-  absl::Status decode_error;
-  RETURN_IF_ERROR(ScanRange(cf, begin, end_inclusive,
-                            [&](absl::string_view key, absl::string_view value) {
-                              absl::StatusOr<Position> pos = keys::DecodePosition(key);
-                              if (!pos.ok()) {
-                                decode_error = pos.status();
-                                return false;
-                              }
-                              return fn(*pos, value);
-                            },
-                            at));
-  return decode_error;
+Store::SourceView::SourceView(const Store* store, absl::string_view id)
+    : store_(store),
+      id_(id),
+      upper_(keys::PrefixSuccessor(keys::SourcePrefix(id))),
+      upper_slice_(upper_),
+      families_{store->cfs_.rows, store->cfs_.receipts, store->cfs_.quarantine,
+                store->cfs_.holds} {}
+
+Store::SourceView::~SourceView() = default;
+
+rocksdb::Iterator* Store::SourceView::IteratorFor(rocksdb::ColumnFamilyHandle* cf) const {
+  for (size_t i = 0; i < families_.size(); ++i) {
+    if (families_[i] == cf) return iterators_[i].get();
+  }
+  return nullptr;
+}
+
+absl::Status Store::SourceView::ScanRows(Position from, Position to,
+                                         const RowVisitor& fn) const {
+  return VisitPositions(IteratorFor(store_->cfs_.rows), keys::Positional(id_, from),
+                        keys::Positional(id_, to), fn);
+}
+
+absl::Status Store::SourceView::ScanStaged(StagedFamily family, Stage stage, Position from,
+                                           Position to, const StagedVisitor& fn) const {
+  return VisitPositions(IteratorFor(store_->Family(family)), keys::Staged(id_, stage, from),
+                        keys::Staged(id_, stage, to), fn);
+}
+
+absl::StatusOr<std::unique_ptr<Store::SourceView>> Store::NewSourceView(
+    absl::string_view id) const {
+  std::unique_ptr<SourceView> view(new SourceView(this, id));
+  rocksdb::ReadOptions ro;
+  ro.iterate_upper_bound = &view->upper_slice_;
+  std::vector<rocksdb::Iterator*> raw;
+  RETURN_IF_ERROR(FromRocks(db_->NewIterators(ro, view->families_, &raw), "open a source view"));
+  for (rocksdb::Iterator* it : raw) view->iterators_.emplace_back(it);
+  return view;
+}
+
+uint64_t Store::live_snapshots() const {
+  uint64_t n = 0;
+  db_->GetIntProperty(rocksdb::DB::Properties::kNumSnapshots, &n);
+  return n;
 }
 
 absl::Status Store::ScanRows(absl::string_view id, Position from, Position to,

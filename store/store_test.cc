@@ -534,6 +534,61 @@ TEST_F(StoreTest, ScansThroughOneSnapshotSeeOnePointInTime) {
   EXPECT_EQ(count(/*rows=*/false, nullptr), 0);   // hold gone
 }
 
+// The same resolution racing a page's receipt ledger, which reads through a SourceView:
+// both scans see the moment the view was made, and no RocksDB snapshot is registered
+// (releasing one per page makes RocksDB rewrite bottommost files; see SourceView).
+TEST_F(StoreTest, SourceViewSeesOneMomentWithoutASnapshot) {
+  Open();
+  Seed("s");
+  Seed("s0");  // a neighbour whose keys follow "s"'s: never visible through s's view
+  const Position before{119, 0}, held{120, 1};
+  handoff::v1::Hold hold;
+  hold.set_version(1);
+  Fence any;
+  any.any_version = true;
+  std::unique_ptr<StepBatch> put = store_->NewStep("s");
+  put->PutRow(before, RowBytes(before, 1));
+  put->PutHold(Stage::kIngest, held, hold);
+  ASSERT_TRUE(store_->CommitStep(Stage::kIngest, put.get(), any, CheckpointUpdate{}).ok());
+  std::unique_ptr<StepBatch> neighbour = store_->NewStep("s0");
+  neighbour->PutRow(held, RowBytes(held, 1));
+  neighbour->PutHold(Stage::kIngest, held, hold);
+  ASSERT_TRUE(store_->CommitStep(Stage::kIngest, neighbour.get(), any, CheckpointUpdate{}).ok());
+
+  absl::StatusOr<std::unique_ptr<Store::SourceView>> view = store_->NewSourceView("s");
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(store_->live_snapshots(), 0u);
+  std::unique_ptr<StepBatch> resolve = store_->NewStep("s");
+  resolve->PutRow(held, RowBytes(held, 1));
+  resolve->DeleteHold(Stage::kIngest, held);
+  ASSERT_TRUE(store_->CommitStep(Stage::kIngest, resolve.get(), any, CheckpointUpdate{}).ok());
+
+  std::vector<Position> rows, holds;
+  ASSERT_OK((*view)->ScanRows(Position{0, 0}, Position{kMax, kMax},
+                              [&](Position p, absl::string_view) {
+                                rows.push_back(p);
+                                return true;
+                              }));
+  ASSERT_OK((*view)->ScanStaged(StagedFamily::kHolds, Stage::kIngest, Position{0, 0},
+                                Position{kMax, kMax}, [&](Position p, absl::string_view) {
+                                  holds.push_back(p);
+                                  return true;
+                                }));
+  EXPECT_EQ(rows, std::vector<Position>{before});  // not terminal yet, and
+  EXPECT_EQ(holds, std::vector<Position>{held});   // still held: never "neither"
+  // A scan's end bounds it inside the source too.
+  int upto_before = 0;
+  ASSERT_OK((*view)->ScanRows(Position{0, 0}, before, [&](Position, absl::string_view) {
+    return ++upto_before, true;
+  }));
+  EXPECT_EQ(upto_before, 1);
+  EXPECT_EQ(CountRows(store_.get(), "s"), 2);  // the latest state: terminal, hold gone
+  EXPECT_EQ(CountStaged(store_.get(), StagedFamily::kHolds, "s", Stage::kIngest), 0);
+  // A Snapshot does register one (what the admin API's reads use).
+  const std::unique_ptr<Store::Snapshot> at = store_->NewSnapshot();
+  EXPECT_EQ(store_->live_snapshots(), 1u);
+}
+
 TEST_F(StoreTest, ScanRowsOrdersLargePositions) {
   Open();
   Seed("s");

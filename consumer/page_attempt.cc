@@ -237,11 +237,12 @@ handoff::v1::Finality PageAttempt::FinalityOf(const handoff::v1::EventRow& row) 
 
 std::unique_ptr<store::StepBatch> PageAttempt::NewStep(size_t events) {
   // A serialized row is smaller than its JSON on the wire, so the wire size per event
-  // bounds the bytes a staged event adds (twice with the outbox).
+  // bounds the bytes a staged event adds (an outbox entry is a key: see PutOutbox).
   size_t reserve = 0;
   if (events > 0 && !page_.items.empty() && config_.stage == store::Stage::kIngest) {
-    const size_t per_event = page_.wire_bytes / page_.items.size();
-    reserve = std::min(events, page_.items.size()) * per_event * (config_.write_outbox ? 2 : 1);
+    const size_t per_event =
+        page_.wire_bytes / page_.items.size() + (config_.write_outbox ? 64 : 0);
+    reserve = std::min(events, page_.items.size()) * per_event;
   }
   std::unique_ptr<store::StepBatch> step = config_.store->NewStep(config_.source_id, reserve);
   // The replaced range is deleted before anything of the page is inserted, in the same
@@ -280,7 +281,7 @@ absl::Status PageAttempt::StageTerminal(size_t i, Decision::Kind kind, const std
       bytes = row_bytes_;
     }
     step->PutRow(pos, bytes);
-    if (config_.write_outbox) step->PutOutbox(pos, bytes);
+    if (config_.write_outbox) step->PutOutbox(pos);  // stands for the row just put
     if (config_.effect != nullptr && kind == Decision::Kind::kApplied) {
       absl::Status s = config_.effect->Stage(config_.source_id, row, step);
       if (!s.ok()) return s;

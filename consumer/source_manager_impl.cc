@@ -568,7 +568,7 @@ absl::StatusOr<handoff::v1::ResolveHoldResponse> SourceManagerImpl::ResolveHold(
       step->PutRow(pos, store::EncodeRow(hold.event_row()));
       absl::StatusOr<handoff::v1::Source> source = store_->GetSource(request.source_id());
       if (source.ok() && IsGated(source->spec())) {
-        step->PutOutbox(pos, store::EncodeRow(hold.event_row()));
+        step->PutOutbox(pos);  // stands for the row put above
       }
     } else {
       step->DeleteOutbox(pos);

@@ -14,7 +14,7 @@ struct ColumnFamilies {
   rocksdb::ColumnFamilyHandle* quarantine = nullptr;   // <id,stage,pos> -> QuarantineRecord
   rocksdb::ColumnFamilyHandle* holds = nullptr;        // <id,stage,pos> -> Hold
   rocksdb::ColumnFamilyHandle* rows = nullptr;         // <id,pos> -> encoded EventRow (row_codec.h)
-  rocksdb::ColumnFamilyHandle* outbox = nullptr;       // <id,pos> -> encoded EventRow
+  rocksdb::ColumnFamilyHandle* outbox = nullptr;       // <id,pos> -> "" (= its row) or a row
   rocksdb::ColumnFamilyHandle* meta = nullptr;         // name -> value
 };
 

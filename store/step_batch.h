@@ -49,8 +49,12 @@ class StepBatch {
   void PutHold(Stage stage, Position pos, const handoff::v1::Hold& hold);
   void DeleteHold(Stage stage, Position pos);
 
-  // Outbox entries: encoded event rows (store/row_codec.h) awaiting gated delivery.
-  void PutOutbox(Position pos, absl::string_view serialized_row);
+  // Outbox entries: the positions awaiting gated delivery. An entry put without a row
+  // stands for the row at its position, which this step or an earlier one wrote
+  // (PutRow): a gated event's row is stored once, not twice (schema version 3), and
+  // Store::ScanOutbox reads it from the rows. An entry given `serialized_row` (an encoded
+  // row, store/row_codec.h) carries it itself, as every entry of a version 1-2 database.
+  void PutOutbox(Position pos, absl::string_view serialized_row = {});
   void DeleteOutbox(Position pos);
 
   // The lowest position of an outbox entry this step puts or deletes, and whether it

@@ -796,7 +796,42 @@ absl::Status Store::ScanRows(absl::string_view id, Position from, Position to,
 
 absl::Status Store::ScanOutbox(absl::string_view id, Position from, Position to,
                                const RowVisitor& fn) const {
-  return ScanPositions(cfs_.outbox, keys::Positional(id, from), keys::Positional(id, to), fn);
+  const std::string begin = keys::Positional(id, from);
+  const std::string end = keys::Positional(id, to);
+  std::string upper = end;
+  upper.push_back('\0');  // smallest key greater than end
+  rocksdb::Slice upper_slice(upper);
+  rocksdb::ReadOptions ro;
+  ro.iterate_upper_bound = &upper_slice;
+  std::vector<rocksdb::Iterator*> raw;
+  RETURN_IF_ERROR(
+      FromRocks(db_->NewIterators(ro, {cfs_.outbox, cfs_.rows}, &raw), "scan outbox"));
+  const std::unique_ptr<rocksdb::Iterator> entries(raw[0]);
+  const std::unique_ptr<rocksdb::Iterator> rows(raw[1]);
+  bool rows_positioned = false;
+  for (entries->Seek(begin); entries->Valid(); entries->Next()) {
+    const rocksdb::Slice key = entries->key();
+    absl::StatusOr<Position> pos = keys::DecodePosition(View(key));
+    if (!pos.ok()) return pos.status();
+    if (!entries->value().empty()) {
+      if (!fn(*pos, View(entries->value()))) break;
+      continue;
+    }
+    // Pending entries are mostly consecutive rows: step forward, seek only on a gap.
+    if (rows_positioned && rows->Valid() && rows->key().compare(key) < 0) rows->Next();
+    if (!rows_positioned || (rows->Valid() && rows->key().compare(key) < 0)) {
+      rows->Seek(key);
+      rows_positioned = true;
+    }
+    if (!rows->Valid() || rows->key() != key) {
+      RETURN_IF_ERROR(FromRocks(rows->status(), "scan outbox rows"));
+      return absl::DataLossError(absl::StrCat("storage: the outbox entry of ", id, " at ",
+                                              pos->DebugString(), " has no row"));
+    }
+    if (!fn(*pos, View(rows->value()))) break;
+  }
+  RETURN_IF_ERROR(FromRocks(rows->status(), "scan outbox rows"));
+  return FromRocks(entries->status(), "scan outbox");
 }
 
 absl::StatusOr<std::optional<std::string>> Store::GetRow(absl::string_view id,

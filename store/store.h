@@ -67,10 +67,12 @@ namespace handoff::store {
 
 // The schema this build reads and writes; kept in meta/"schema_version".
 //  1: rows and outbox entries are serialized handoff.v1.EventRow.
-//  2: they may also be in the compact StoredRow format (store/row_codec.h). A version 1
-//     database is upgraded in place when opened (only the version changes: its rows
-//     still decode); a build that reads only version 1 then refuses it.
-inline constexpr int kSchemaVersion = 2;
+//  2: they may also be in the compact StoredRow format (store/row_codec.h).
+//  3: an outbox entry may be empty, standing for the row at its position in rows
+//     (StepBatch::PutOutbox).
+// An older database is upgraded in place when opened (only the version changes: its
+// rows and entries still read); a build that reads only older versions then refuses it.
+inline constexpr int kSchemaVersion = 3;
 inline constexpr int kOldestReadableSchemaVersion = 1;
 
 struct StoreOptions {
@@ -251,6 +253,10 @@ class Store {
   using RowVisitor = std::function<bool(Position, absl::string_view serialized_row)>;
   absl::Status ScanRows(absl::string_view id, Position from, Position to, const RowVisitor& fn,
                         const Snapshot* at = nullptr) const;
+  // Visits the outbox entries of `id` in [from, to] with their rows: an entry's own row,
+  // or, for an entry that stands for the row at its position (StepBatch::PutOutbox), that
+  // row, read at the same moment (one SourceView-like pair of iterators). DATA_LOSS when
+  // such an entry has no row.
   absl::Status ScanOutbox(absl::string_view id, Position from, Position to,
                           const RowVisitor& fn) const;
   absl::StatusOr<std::optional<std::string>> GetRow(absl::string_view id, Position pos) const;

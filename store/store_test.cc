@@ -700,15 +700,19 @@ TEST_F(StoreTest, RefusesANewerSchemaVersion) {
   Open();
   Seed("s");
   store_.reset();
-  SetSchemaVersion(path_, "3");
+  SetSchemaVersion(path_, std::to_string(kSchemaVersion + 1));
   absl::Status s = OpenStatus(path_);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(absl::StrContains(s.message(), "schema version '3'")) << s;
-  EXPECT_TRUE(absl::StrContains(s.message(), "reads versions 1 to 2")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat("schema version '", kSchemaVersion + 1,
+                                                          "'")))
+      << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat("reads versions 1 to ", kSchemaVersion)))
+      << s;
 }
 
-// A version 1 database (rows as serialized EventRow) opens, is marked version 2, and its
-// rows still decode next to rows written in the new format.
+// A version 1 database (rows and outbox entries as serialized EventRow) opens, is marked
+// the current version, and its rows and entries still read next to ones written in the
+// current formats (compact rows, entries that stand for their row).
 TEST_F(StoreTest, UpgradesSchemaVersionOneInPlace) {
   Open();
   Seed("s");
@@ -718,9 +722,11 @@ TEST_F(StoreTest, UpgradesSchemaVersionOneInPlace) {
   legacy.set_data("0xABCD");
   std::unique_ptr<StepBatch> step = store_->NewStep("s");
   step->PutRow(Position{1, 0}, legacy.SerializeAsString());
+  step->PutOutbox(Position{1, 0}, legacy.SerializeAsString());
   handoff::v1::EventRow current = legacy;
   current.set_block_number(2);
   step->PutRow(Position{2, 0}, EncodeRow(current));
+  step->PutOutbox(Position{2, 0});
   Fence fence;
   ASSERT_TRUE(store_->CommitStep(Stage::kIngest, step.get(), fence, CheckpointUpdate{}).ok());
   store_.reset();
@@ -738,6 +744,16 @@ TEST_F(StoreTest, UpgradesSchemaVersionOneInPlace) {
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_EQ(rows[0].SerializeAsString(), legacy.SerializeAsString());
   EXPECT_EQ(rows[1].SerializeAsString(), current.SerializeAsString());
+  std::vector<handoff::v1::EventRow> entries;
+  ASSERT_OK(store_->ScanOutbox("s", Position{0, 0}, Position{9, 9},
+                               [&](Position, absl::string_view value) {
+                                 entries.emplace_back();
+                                 EXPECT_TRUE(DecodeRow(value, &entries.back()).ok());
+                                 return true;
+                               }));
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[0].SerializeAsString(), legacy.SerializeAsString());
+  EXPECT_EQ(entries[1].SerializeAsString(), current.SerializeAsString());
   store_.reset();
   WithRawDb(path_, [](rocksdb::DB* db, const std::vector<std::string>& names,
                       const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
@@ -745,9 +761,68 @@ TEST_F(StoreTest, UpgradesSchemaVersionOneInPlace) {
       if (names[i] != "meta") continue;
       std::string v;
       ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), handles[i], "schema_version", &v).ok());
-      EXPECT_EQ(v, "2");
+      EXPECT_EQ(v, std::to_string(kSchemaVersion));
     }
   });
+}
+
+// Outbox entries put without a row stand for the row at their position: stored empty,
+// read with the row; an entry that carries its own row (older databases) reads as
+// stored; an entry whose row is missing is DATA_LOSS, never an empty event.
+TEST_F(StoreTest, OutboxEntriesStandForTheirRows) {
+  Open();
+  Seed("s");
+  Seed("s0");
+  std::unique_ptr<StepBatch> step = store_->NewStep("s");
+  for (uint64_t b = 1; b <= 5; ++b) {
+    step->PutRow(Position{b, 0}, RowBytes(Position{b, 0}, b));
+    if (b != 3) step->PutOutbox(Position{b, 0});  // a row delivered already: no entry
+  }
+  step->PutOutbox(Position{6, 0}, "own row");
+  Fence any;
+  any.any_version = true;
+  ASSERT_TRUE(store_->CommitStep(Stage::kIngest, step.get(), any, CheckpointUpdate{}).ok());
+  std::unique_ptr<StepBatch> other = store_->NewStep("s0");
+  other->PutRow(Position{7, 0}, RowBytes(Position{7, 0}));
+  other->PutOutbox(Position{7, 0});
+  ASSERT_TRUE(store_->CommitStep(Stage::kIngest, other.get(), any, CheckpointUpdate{}).ok());
+
+  auto scan = [&](Position from, Position to) {
+    std::map<uint64_t, std::string> seen;
+    absl::Status s = store_->ScanOutbox("s", from, to, [&](Position p, absl::string_view v) {
+      seen[p.block] = std::string(v);
+      return true;
+    });
+    EXPECT_TRUE(s.ok()) << s;
+    return seen;
+  };
+  std::map<uint64_t, std::string> all = scan(Position{0, 0}, Position{kMax, kMax});
+  ASSERT_EQ(all.size(), 5u);
+  for (uint64_t b : {1, 2, 4, 5}) EXPECT_EQ(all[b], RowBytes(Position{b, 0}, b)) << b;
+  EXPECT_EQ(all[6], "own row");
+  EXPECT_EQ(scan(Position{2, 0}, Position{4, 0}).size(), 2u);  // 2 and 4
+  store_.reset();
+  WithRawDb(path_, [](rocksdb::DB* db, const std::vector<std::string>& names,
+                      const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (names[i] != "outbox") continue;
+      std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), handles[i]));
+      int empty = 0;
+      for (it->SeekToFirst(); it->Valid(); it->Next()) empty += it->value().empty();
+      EXPECT_EQ(empty, 5);  // the row is stored once
+    }
+  });
+
+  Open();
+  std::unique_ptr<StepBatch> lose = store_->NewStep("s");
+  lose->DeleteRow(Position{4, 0});
+  ASSERT_TRUE(store_->CommitStep(Stage::kIngest, lose.get(), any, CheckpointUpdate{}).ok());
+  int visited = 0;
+  absl::Status s = store_->ScanOutbox("s", Position{0, 0}, Position{kMax, kMax},
+                                      [&](Position, absl::string_view) { return ++visited, true; });
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "at 4:0 has no row")) << s;
+  EXPECT_EQ(visited, 2);  // 1 and 2, then the entry of 4 stops the scan
 }
 
 TEST_F(StoreTest, RefusesForeignDirectory) {

@@ -88,6 +88,13 @@ rocksdb::ColumnFamilyOptions FamilyOptions(const StoreOptions& options,
 
 absl::string_view View(const rocksdb::Slice& s) { return absl::string_view(s.data(), s.size()); }
 
+rocksdb::Env* EnvOf(const StoreOptions& options) {
+  return options.env != nullptr ? options.env : rocksdb::Env::Default();
+}
+
+// The smallest key greater than `key`: the exclusive bound of a scan ending at `key`.
+std::string KeyAfter(const std::string& key) { return key + '\0'; }
+
 absl::Status Corrupt(absl::string_view what, absl::string_view key) {
   return absl::DataLossError(
       absl::StrCat("storage: cannot parse ", what, " record at key of ", key.size(), " bytes"));
@@ -164,7 +171,7 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) 
   rocksdb::DBOptions& db_options = rocks.db;
 
   // A directory with files but no RocksDB CURRENT file is somebody else's: refuse it.
-  rocksdb::Env* env = options.env != nullptr ? options.env : rocksdb::Env::Default();
+  rocksdb::Env* env = EnvOf(options);
   std::vector<std::string> children;
   if (env->GetChildren(options.path, &children).ok()) {
     bool has_current = false, has_other = false;
@@ -365,6 +372,7 @@ absl::Status Store::SyncWal() {
   // earlier error).
   absl::WriterMutexLock wal(&wal_mu_);
   RETURN_IF_ERROR(CheckWritable("WAL sync"));
+  // Again: a write may have switched the WAL before this lock stopped writes.
   s = FromRocks(db_->GetCurrentWalFile(&live), "WAL sync: find the live WAL");
   if (!s.ok()) return Fail(s);
   ++wal_sync_stats_.by_rocksdb;
@@ -374,9 +382,8 @@ absl::Status Store::SyncWal() {
   // it is the live WAL and no write can switch it now); without one, the next sync
   // takes this path again.
   wal_file_.reset();
-  rocksdb::Env* env = options_.env != nullptr ? options_.env : rocksdb::Env::Default();
   std::unique_ptr<rocksdb::FSRandomRWFile> file;
-  if (env->GetFileSystem()
+  if (EnvOf(options_)->GetFileSystem()
           ->NewRandomRWFile(options_.path + live->PathName(), rocksdb::FileOptions(), &file,
                             nullptr)
           .ok()) {
@@ -735,8 +742,7 @@ absl::Status Store::ScanPositions(
     const std::function<bool(Position, absl::string_view)>& fn, const Snapshot* at) const {
   rocksdb::ReadOptions ro;
   if (at != nullptr) ro.snapshot = at->snapshot_;
-  std::string upper = end_inclusive;
-  upper.push_back('\0');  // smallest key greater than end_inclusive
+  const std::string upper = KeyAfter(end_inclusive);
   rocksdb::Slice upper_slice(upper);
   ro.iterate_upper_bound = &upper_slice;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cf));
@@ -797,9 +803,7 @@ absl::Status Store::ScanRows(absl::string_view id, Position from, Position to,
 absl::Status Store::ScanOutbox(absl::string_view id, Position from, Position to,
                                const RowVisitor& fn) const {
   const std::string begin = keys::Positional(id, from);
-  const std::string end = keys::Positional(id, to);
-  std::string upper = end;
-  upper.push_back('\0');  // smallest key greater than end
+  const std::string upper = KeyAfter(keys::Positional(id, to));
   rocksdb::Slice upper_slice(upper);
   rocksdb::ReadOptions ro;
   ro.iterate_upper_bound = &upper_slice;
@@ -808,7 +812,7 @@ absl::Status Store::ScanOutbox(absl::string_view id, Position from, Position to,
       FromRocks(db_->NewIterators(ro, {cfs_.outbox, cfs_.rows}, &raw), "scan outbox"));
   const std::unique_ptr<rocksdb::Iterator> entries(raw[0]);
   const std::unique_ptr<rocksdb::Iterator> rows(raw[1]);
-  bool rows_positioned = false;
+  rows->Seek(begin);
   for (entries->Seek(begin); entries->Valid(); entries->Next()) {
     const rocksdb::Slice key = entries->key();
     absl::StatusOr<Position> pos = keys::DecodePosition(View(key));
@@ -818,10 +822,9 @@ absl::Status Store::ScanOutbox(absl::string_view id, Position from, Position to,
       continue;
     }
     // Pending entries are mostly consecutive rows: step forward, seek only on a gap.
-    if (rows_positioned && rows->Valid() && rows->key().compare(key) < 0) rows->Next();
-    if (!rows_positioned || (rows->Valid() && rows->key().compare(key) < 0)) {
-      rows->Seek(key);
-      rows_positioned = true;
+    if (rows->Valid() && rows->key().compare(key) < 0) {
+      rows->Next();
+      if (rows->Valid() && rows->key().compare(key) < 0) rows->Seek(key);
     }
     if (!rows->Valid() || rows->key() != key) {
       RETURN_IF_ERROR(FromRocks(rows->status(), "scan outbox rows"));

@@ -247,6 +247,38 @@ bool DeliveredThrough(const handoff::v1::Progress& p, uint64_t block, uint64_t i
                              (d.applied_block() == block && d.applied_log_index() >= index));
 }
 
+// The delivery stage's crash points, in the order one run passes them.
+constexpr const char* kDeliveryCrashPoints[] = {
+    "delivery.after_deliver", "delivery.before_event_commit", "delivery.after_event_commit",
+    "delivery.before_barrier", "delivery.after_barrier"};
+
+// Arms `point` to abandon the worker at its `nth` hit; the flag says it fired.
+std::shared_ptr<std::atomic<bool>> CrashAtNthHit(const char* point, int nth) {
+  auto fired = std::make_shared<std::atomic<bool>>(false);
+  auto count = std::make_shared<std::atomic<int>>(0);
+  FaultPoints::Arm(point, [fired, count, nth] {
+    if (count->fetch_add(1) + 1 != nth) return false;
+    fired->store(true);
+    return true;
+  });
+  return fired;
+}
+
+// Blocks [from, to] of two events each, fork "a" below `fork_block` and "b" from it:
+// each event reached the sink once, and the engine recorded the one it delivered.
+void ExpectEachDeliveredOnce(Rig& rig, const std::string& id, uint64_t from, uint64_t to,
+                             uint64_t fork_block) {
+  std::map<std::string, sim::SinkRecord> records = rig.Records();
+  for (uint64_t b = from; b <= to; ++b) {
+    for (uint64_t i = 0; i < 2; ++i) {
+      const std::string fork = b >= fork_block ? "b" : "a";
+      EXPECT_EQ(records.count(KeyOf(id, b, i, fork)), 1u) << b << ":" << i;
+      EXPECT_EQ(rig.DeliveredHash(id, Position{b, i}), MakeRow(b, i, fork).block_hash())
+          << b << ":" << i;
+    }
+  }
+}
+
 TEST(Effects, FinalizedGateNeverDeliversReorgedEvents) {
   FaultPoints::CountHits(true);
   Rig rig(consumer::testing::TestDir("finalized"));
@@ -355,9 +387,7 @@ TEST(Effects, SafeGateDeliversTheEventsOfAReorgBelowWhatWasDelivered) {
 // delivery that follows the correction (the one that starts below what was delivered):
 // after the restart every replacing event is delivered, with its receipt.
 TEST(Effects, SafeGateDeepReorgSurvivesACrashAtEveryDeliveryStep) {
-  for (const char* point :
-       {"delivery.after_deliver", "delivery.before_event_commit", "delivery.after_event_commit",
-        "delivery.before_barrier", "delivery.after_barrier"}) {
+  for (const char* point : kDeliveryCrashPoints) {
     for (int nth : {1, 2}) {
       SCOPED_TRACE(absl::StrCat(point, " #", nth));
       Rig rig(consumer::testing::TestDir(absl::StrCat("safe-crash-", point, "-", nth)));
@@ -368,32 +398,18 @@ TEST(Effects, SafeGateDeepReorgSurvivesACrashAtEveryDeliveryStep) {
       ASSERT_TRUE(rig.WaitFor("safe", [](const handoff::v1::Progress& p) {
         return DeliveredThrough(p, 105, 1);
       })) << "delivery never reached 105:1";
-      std::atomic<bool> fired{false};
-      auto count = std::make_shared<std::atomic<int>>(0);
-      FaultPoints::Arm(point, [&fired, count, nth] {
-        if (count->fetch_add(1) + 1 != nth) return false;
-        fired.store(true);
-        return true;
-      });
+      std::shared_ptr<std::atomic<bool>> fired = CrashAtNthHit(point, nth);
       provider.SetPage("c1", WithMarks(MakePage(103, 106, TwoEventsPerBlock(103, 106, "b"), "c2",
                                                 /*reorg=*/true),
                                        100, 106));
       ASSERT_TRUE(rig.WaitFor("safe", [&](const handoff::v1::Progress&) {
-        return fired.load() && rig.impl()->WorkerForTest("safe")->crashed();
+        return fired->load() && rig.impl()->WorkerForTest("safe")->crashed();
       })) << "fault point never fired";
       rig.Restart();
       ASSERT_TRUE(rig.WaitFor("safe", [](const handoff::v1::Progress& p) {
         return DeliveredThrough(p, 106, 1) && p.counters().corrections() == 1;
       })) << "delivery never reached 106:1 after the restart";
-      std::map<std::string, sim::SinkRecord> records = rig.Records();
-      for (uint64_t b = 100; b <= 106; ++b) {
-        for (uint64_t i = 0; i < 2; ++i) {
-          const std::string fork = b >= 103 ? "b" : "a";
-          EXPECT_EQ(records.count(KeyOf("safe", b, i, fork)), 1u) << b << ":" << i;
-          EXPECT_EQ(rig.DeliveredHash("safe", Position{b, i}), MakeRow(b, i, fork).block_hash())
-              << b << ":" << i;
-        }
-      }
+      ExpectEachDeliveredOnce(rig, "safe", 100, 106, /*fork_block=*/103);
       EXPECT_EQ(rig.DeliveryReceipts("safe").size(), 14u);
     }
   }
@@ -432,37 +448,21 @@ TEST(Effects, RowsReadAheadBeforeACorrectionAreNotDelivered) {
     return DeliveredThrough(p, 105, 1);
   })) << "delivery never reached 105:1";
   EXPECT_GT(FaultPoints::Hits("delivery.read_ahead_dropped"), 0);
-  std::map<std::string, sim::SinkRecord> records = rig.Records();
-  for (uint64_t b = 100; b <= 105; ++b) {
-    for (uint64_t i = 0; i < 2; ++i) {
-      const std::string fork = b >= 102 ? "b" : "a";
-      EXPECT_EQ(records.count(KeyOf("fin", b, i, fork)), 1u) << b << ":" << i;
-      EXPECT_EQ(rig.DeliveredHash("fin", Position{b, i}), MakeRow(b, i, fork).block_hash())
-          << b << ":" << i;
-    }
-  }
+  ExpectEachDeliveredOnce(rig, "fin", 100, 105, /*fork_block=*/102);
   FaultPoints::CountHits(false);
 }
 
 TEST(Effects, CrashAtEveryDeliveryStepDeliversEachKeyOnce) {
-  for (const char* point :
-       {"delivery.after_deliver", "delivery.before_event_commit", "delivery.after_event_commit",
-        "delivery.before_barrier", "delivery.after_barrier"}) {
+  for (const char* point : kDeliveryCrashPoints) {
     for (int nth : {1, 2}) {
       SCOPED_TRACE(absl::StrCat(point, " #", nth));
       Rig rig(consumer::testing::TestDir(absl::StrCat("crash-", point, "-", nth)));
       LoadReorgingChain(rig.provider("fin"));
-      std::atomic<bool> fired{false};
-      auto count = std::make_shared<std::atomic<int>>(0);
-      FaultPoints::Arm(point, [&fired, count, nth] {
-        if (count->fetch_add(1) + 1 != nth) return false;
-        fired.store(true);
-        return true;
-      });
+      std::shared_ptr<std::atomic<bool>> fired = CrashAtNthHit(point, nth);
       rig.Create(rig.Spec("fin", handoff::v1::DELIVERY_GATE_FINALIZED, /*batch=*/nth == 1));
       // Wait until the fault fired and the worker is abandoned, then "crash".
       ASSERT_TRUE(rig.WaitFor("fin", [&](const handoff::v1::Progress&) {
-        return fired.load() && rig.impl()->WorkerForTest("fin")->crashed();
+        return fired->load() && rig.impl()->WorkerForTest("fin")->crashed();
       })) << "fault point never fired";
       rig.Restart();
       ASSERT_TRUE(rig.WaitFor("fin", [](const handoff::v1::Progress& p) {

@@ -10,6 +10,7 @@
 #include "base/status_macros.h"
 #include "consumer/fault_points.h"
 #include "consumer/outcome_policy.h"
+#include "consumer/thread_name.h"
 #include "consumer/thread_priority.h"
 #include "store/row_codec.h"
 
@@ -110,18 +111,19 @@ void SourceWorker::Start() {
     running_threads_ = gated_ ? 2 : 1;
   }
   SetState(handoff::v1::SOURCE_STATE_STARTING, "");
-  // Best effort: a thread that cannot change its priority still works.
-  auto lower_priority = [this] {
+  // Best effort: a thread that cannot change its priority or name still works.
+  auto set_up_thread = [this](absl::string_view role) {
+    NameCurrentThread(ThreadName(role, spec_.id())).IgnoreError();
     LowerCurrentThreadPriority(options_.thread_nice).IgnoreError();
     if (options_.thread_sched_idle) UseIdleSchedulingForCurrentThread().IgnoreError();
   };
-  ingest_thread_ = std::thread([this, lower_priority] {
-    lower_priority();
+  ingest_thread_ = std::thread([this, set_up_thread] {
+    set_up_thread("in");
     IngestLoop();
   });
   if (gated_) {
-    delivery_thread_ = std::thread([this, lower_priority] {
-      lower_priority();
+    delivery_thread_ = std::thread([this, set_up_thread] {
+      set_up_thread("dl");
       DeliveryLoop();
     });
   }

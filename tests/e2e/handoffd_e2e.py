@@ -134,6 +134,17 @@ class Handoffd:
         self.health_port = int(ports["health"])
         self.target = "127.0.0.1:%d" % self.port
 
+    def thread_names(self):
+        """The names of the process's threads (/proc/<pid>/task/*/comm)."""
+        names = []
+        task_dir = "/proc/%d/task" % self.proc.pid
+        for tid in os.listdir(task_dir):
+            try:
+                names.append(read(os.path.join(task_dir, tid, "comm")).decode().strip())
+            except OSError:
+                pass  # the thread ended meanwhile
+        return names
+
     def log(self):
         return read(self.log_path).decode(errors="replace")
 
@@ -315,6 +326,10 @@ def phase_plain(binary, workdir, data_dir):
         # Life cycle of a second source: start, watch, stop, delete.
         client.call("CreateSource", admin.CreateSourceRequest(spec=local_spec("e2e-cycle")))
         client.call("StartSource", admin.StartSourceRequest(source_id="e2e-cycle"))
+        # Its ingest thread carries its name (consumer/thread_name.h), not the name of
+        # the gRPC handler that started it.
+        wait_until("a thread named in:e2e-cycle",
+                   lambda: "in:e2e-cycle" in server.thread_names())
         stream = client.admin.WatchProgress(
             admin.WatchProgressRequest(source_id="e2e-cycle", heartbeat_ms=200),
             metadata=client.metadata, timeout=RPC_TIMEOUT_S)
@@ -324,6 +339,8 @@ def phase_plain(binary, workdir, data_dir):
         stream.cancel()
         stopped = client.call("StopSource", admin.StopSourceRequest(source_id="e2e-cycle"))
         assert stopped.progress.state == 1, stopped.progress  # SOURCE_STATE_STOPPED
+        wait_until("the threads of e2e-cycle to end",
+                   lambda: "in:e2e-cycle" not in server.thread_names())
         client.call("DeleteSource", admin.DeleteSourceRequest(source_id="e2e-cycle"))
         expect_code(grpc.StatusCode.NOT_FOUND, client.call, "GetSource",
                     admin.GetSourceRequest(source_id="e2e-cycle"))

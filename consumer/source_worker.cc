@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
+#include "base/thread_name.h"
 #include "consumer/fault_points.h"
 #include "consumer/outcome_policy.h"
-#include "consumer/thread_name.h"
 #include "consumer/thread_priority.h"
 #include "store/row_codec.h"
 

@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include <pthread.h>
+#include "base/thread_name.h"
 
 namespace handoff::store {
 
@@ -43,7 +43,7 @@ uint64_t WalSyncer::syncs() const {
 }
 
 void WalSyncer::Run() {
-  pthread_setname_np(pthread_self(), "wal-sync");
+  NameCurrentThread("wal-sync").IgnoreError();  // best effort: only for operators
   absl::MutexLock lock(&mu_);
   while (true) {
     auto work = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {

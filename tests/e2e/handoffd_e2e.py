@@ -326,7 +326,7 @@ def phase_plain(binary, workdir, data_dir):
         # Life cycle of a second source: start, watch, stop, delete.
         client.call("CreateSource", admin.CreateSourceRequest(spec=local_spec("e2e-cycle")))
         client.call("StartSource", admin.StartSourceRequest(source_id="e2e-cycle"))
-        # Its ingest thread carries its name (consumer/thread_name.h), not the name of
+        # Its ingest thread carries its name (base/thread_name.h), not the name of
         # the gRPC handler that started it.
         wait_until("a thread named in:e2e-cycle",
                    lambda: "in:e2e-cycle" in server.thread_names())

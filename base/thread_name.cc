@@ -1,4 +1,4 @@
-#include "consumer/thread_name.h"
+#include "base/thread_name.h"
 
 #include <pthread.h>
 
@@ -7,10 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace handoff::consumer {
+namespace handoff {
 
-std::string ThreadName(absl::string_view role, absl::string_view source_id) {
-  std::string name = absl::StrCat(role, ":", source_id);
+std::string ThreadName(absl::string_view role, absl::string_view id) {
+  std::string name = absl::StrCat(role, ":", id);
   if (name.size() > kMaxThreadNameBytes) {
     name.resize(kMaxThreadNameBytes - 1);
     name.push_back('~');
@@ -37,4 +37,4 @@ std::string CurrentThreadName() {
   return buf;
 }
 
-}  // namespace handoff::consumer
+}  // namespace handoff

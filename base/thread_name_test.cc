@@ -1,11 +1,11 @@
-#include "consumer/thread_name.h"
+#include "base/thread_name.h"
 
 #include <string>
 #include <thread>
 
 #include "gtest/gtest.h"
 
-namespace handoff::consumer {
+namespace handoff {
 namespace {
 
 TEST(ThreadNameTest, KeepsRoleAndIdWhenTheyFit) {
@@ -43,4 +43,4 @@ TEST(ThreadNameTest, RefusesANameLinuxWouldCut) {
 }
 
 }  // namespace
-}  // namespace handoff::consumer
+}  // namespace handoff

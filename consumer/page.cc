@@ -4,6 +4,22 @@
 
 namespace handoff::consumer {
 
+Page CopyOfPage(const Page& page) {
+  Page copy;
+  copy.from = page.from;
+  copy.through = page.through;
+  copy.next = page.next;
+  copy.reorg = page.reorg;
+  copy.safe = page.safe;
+  copy.finalized = page.finalized;
+  copy.tip = page.tip;
+  copy.items = page.items;
+  copy.wire_bytes = page.wire_bytes;
+  copy.row_bytes = page.row_bytes;
+  copy.row_ends = page.row_ends;
+  return copy;
+}
+
 void ReserveEncodedItems(size_t items, Page* page) {
   page->row_ends.clear();
   page->row_ends.reserve(items);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "consumer/page_budget.h"
 #include "handoff/v1/source.pb.h"
 #include "store/position.h"
 
@@ -46,6 +47,10 @@ struct Page {
   std::string row_bytes;
   std::vector<size_t> row_ends;
 
+  // The PageBudget slot this page was fetched under, released with the page (empty for
+  // a page built without a budget). Makes Page move-only.
+  PageSlot slot;
+
   // The stored-row bytes of item i, or an empty view when row_bytes is not filled.
   absl::string_view EncodedItem(size_t i) const {
     if (row_ends.size() != items.size() || i >= row_ends.size()) return {};
@@ -60,6 +65,10 @@ struct Page {
     return items.empty() && next == request_cursor;
   }
 };
+
+// A copy of `page`'s contents without its slot (a copy is not a fetched page: the budget
+// does not count it). For tests and fakes that replay pages.
+Page CopyOfPage(const Page& page);
 
 // Reserves page->row_bytes for `items` items of a page of page->wire_bytes.
 void ReserveEncodedItems(size_t items, Page* page);

@@ -62,7 +62,7 @@ class HttpProviderTest : public ::testing::Test {
 
   static Page ExpectPage(FetchResult r) {
     EXPECT_TRUE(r.page.has_value()) << (r.refusal ? r.refusal->message : "");
-    return r.page ? *r.page : Page();
+    return r.page ? *std::move(r.page) : Page();
   }
 
   static void ExpectNoSecret(const FetchResult& r) {

@@ -76,7 +76,7 @@ FetchResult FakeProvider::Fetch(const std::string& cursor) {
     empty.next = cursor;
     return FetchResult::Of(std::move(empty));
   }
-  return FetchResult::Of(it->second);
+  return FetchResult::Of(CopyOfPage(it->second));
 }
 
 int FakeProvider::fetches() const {

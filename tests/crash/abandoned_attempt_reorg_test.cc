@@ -52,7 +52,7 @@ void RunScenario(bool external_sink) {
   // cursor's page, not a correction: the client never committed past C1.
   Script after;
   after.cursors = {"100", "C1"};
-  after.pages.push_back(before.pages[0]);
+  after.pages.push_back(consumer::CopyOfPage(before.pages[0]));
   after.pages.push_back(MakePage(
       102, 104, {MakeRow(102), MakeRow(103, 0, "b"), MakeRow(104, 0, "b")}, "C2"));
   h.Load(after);

@@ -74,7 +74,7 @@ void Harness::Crash() {
 
 void Harness::Load(const Script& script) {
   for (size_t i = 0; i < script.pages.size(); ++i) {
-    provider_->SetPage(script.cursors[i], script.pages[i]);
+    provider_->SetPage(script.cursors[i], consumer::CopyOfPage(script.pages[i]));
   }
 }
 

@@ -269,11 +269,11 @@ TEST(EmptyPages, AdvancingTokenPassesTheBarrierWithoutMovingAppliedPosition) {
   s.cursors = {"100", "E1", "E2"};
   s.pages.push_back(MakePage(100, 101, {MakeRow(100)}, "E1"));
   consumer::Page empty = MakePage(102, 150, {}, "E2");
-  s.pages.push_back(empty);
+  s.pages.push_back(std::move(empty));
   consumer::Page empty_null_through;
   empty_null_through.from = 151;
   empty_null_through.next = "E3";
-  s.pages.push_back(empty_null_through);
+  s.pages.push_back(std::move(empty_null_through));
   h.Load(s);
   ASSERT_EQ(h.Step().kind, Kind::kPromoted);
   const store::CheckpointRecord before = h.Checkpoint();
@@ -398,7 +398,7 @@ TEST(Validation, ContractBreakingPagesHaltBeforeAnyEffect) {
     consumer::Page page;
     const char* needle;
   };
-  std::vector<Case> cases = {
+  Case cases[] = {
       {"order", MakePage(100, 101, {MakeRow(101), MakeRow(100)}, "X"), "out of order"},
       {"range", MakePage(100, 101, {MakeRow(100), MakeRow(105)}, "X"), "outside"},
       {"gap", MakePage(150, 151, {MakeRow(150)}, "X"), "gap"},
@@ -408,7 +408,7 @@ TEST(Validation, ContractBreakingPagesHaltBeforeAnyEffect) {
     SCOPED_TRACE(c.name);
     Harness h(consumer::testing::TestDir(absl::StrCat("validate-", c.name)), HarnessOptions{});
     h.Open();
-    h.provider().SetPage("100", c.page);
+    h.provider().SetPage("100", consumer::CopyOfPage(c.page));
     PageAttempt::Result r = h.Step();
     EXPECT_EQ(r.kind, Kind::kViolation);
     EXPECT_NE(r.detail.find(c.needle), std::string::npos) << r.detail;
@@ -435,7 +435,7 @@ TEST(StaleConcurrentRetries, OnlyOneAttemptPromotesWithRealThreads) {
     wo.fuse_barrier = false;
     consumer::AttemptConfig config = consumer::MakeAttemptConfig(
         h.spec(), store::Stage::kIngest, h.store(), nullptr, &effect, nullptr, wo, nullptr);
-    PageAttempt a(config, cp, *f.page), b(config, cp, *f.page);
+    PageAttempt a(config, cp, consumer::CopyOfPage(*f.page)), b(config, cp, *std::move(f.page));
     absl::Notification go;
     PageAttempt::Result ra, rb;
     std::thread ta([&] {

@@ -1,19 +1,17 @@
 #include "consumer/page_budget.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <utility>
 
 namespace handoff::consumer {
 
 PageSlot::PageSlot(PageSlot&& other) noexcept
-    : budget_(std::exchange(other.budget_, nullptr)), buffer_(std::move(other.buffer_)) {}
+    : budget_(std::move(other.budget_)), buffer_(std::move(other.buffer_)) {}
 
 PageSlot& PageSlot::operator=(PageSlot&& other) noexcept {
   if (this != &other) {
     Release();
-    budget_ = std::exchange(other.budget_, nullptr);
+    budget_ = std::move(other.budget_);
     buffer_ = std::move(other.buffer_);
   }
   return *this;
@@ -24,9 +22,14 @@ std::string* PageSlot::buffer() {
   return buffer_.get();
 }
 
+void PageSlot::ReturnBuffer() {
+  if (budget_ != nullptr && buffer_ != nullptr) budget_->KeepBuffer(std::move(buffer_));
+}
+
 void PageSlot::Release() {
   if (budget_ == nullptr) return;
-  std::exchange(budget_, nullptr)->Return(std::move(buffer_));
+  std::shared_ptr<PageBudget> budget = std::move(budget_);
+  budget->Return(std::move(buffer_));
 }
 
 // One caller waiting in Acquire: ready when its ticket is first and a slot is free, or
@@ -43,18 +46,14 @@ struct PageBudget::Waiter {
 
 PageBudget::PageBudget(size_t slots) : slots_(slots), max_idle_buffers_(std::max<size_t>(slots, 2)) {}
 
-PageBudget::~PageBudget() {
-  absl::MutexLock lock(&mu_);
-  if (held_ != 0) {  // a slot released later would touch freed memory
-    std::fprintf(stderr, "PageBudget destroyed while %zu slots are held\n", held_);
-    std::abort();
-  }
+std::shared_ptr<PageBudget> PageBudget::Create(size_t slots) {
+  return std::shared_ptr<PageBudget>(new PageBudget(slots));
 }
 
 PageSlot PageBudget::Grant() {
   ++held_;
   peak_held_ = std::max(peak_held_, held_);
-  return PageSlot(this);
+  return PageSlot(shared_from_this());
 }
 
 std::optional<PageSlot> PageBudget::Acquire(absl::FunctionRef<bool()> cancelled) {
@@ -85,9 +84,18 @@ void PageBudget::WakeWaiters() {
 void PageBudget::Return(std::unique_ptr<std::string> buffer) {
   absl::MutexLock lock(&mu_);
   --held_;
+  KeepBufferLocked(std::move(buffer));
+}
+
+void PageBudget::KeepBuffer(std::unique_ptr<std::string> buffer) {
+  absl::MutexLock lock(&mu_);
+  KeepBufferLocked(std::move(buffer));
+}
+
+void PageBudget::KeepBufferLocked(std::unique_ptr<std::string> buffer) {
   if (buffer != nullptr && idle_buffers_.size() < max_idle_buffers_) {
     idle_buffers_.push_back(std::move(buffer));
-  }
+  }  // else freed here
 }
 
 std::unique_ptr<std::string> PageBudget::LendBuffer() {

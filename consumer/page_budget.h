@@ -31,6 +31,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -58,25 +59,27 @@ class PageSlot {
   // use (its capacity from an earlier page is kept). Contents unspecified. Only on a
   // held slot.
   std::string* buffer();
+  // Gives the receive buffer back (the page no longer needs its wire text once parsed),
+  // keeping the slot.
+  void ReturnBuffer();
   // Gives the slot (and its buffer) back now.
   void Release();
 
  private:
   friend class PageBudget;
-  explicit PageSlot(PageBudget* budget) : budget_(budget) {}
+  explicit PageSlot(std::shared_ptr<PageBudget> budget) : budget_(std::move(budget)) {}
 
-  PageBudget* budget_ = nullptr;
+  // Keeps the budget alive: a page may outlive the provider that fetched it.
+  std::shared_ptr<PageBudget> budget_;
   std::unique_ptr<std::string> buffer_;
 };
 
-class PageBudget {
+class PageBudget : public std::enable_shared_from_this<PageBudget> {
  public:
-  // `slots`: pages held at once, at most; 0 for no cap.
-  explicit PageBudget(size_t slots);
+  // `slots`: pages held at once, at most; 0 for no cap. Slots keep their budget alive.
+  static std::shared_ptr<PageBudget> Create(size_t slots);
   PageBudget(const PageBudget&) = delete;
   PageBudget& operator=(const PageBudget&) = delete;
-  // Every slot must have been released.
-  ~PageBudget();
 
   // Waits, in arrival order, for a free slot. nullopt once `cancelled()` returns true;
   // `cancelled` is evaluated under the budget's lock, by any thread, so it must only read
@@ -100,9 +103,13 @@ class PageBudget {
   friend class PageSlot;
   struct Waiter;
 
+  explicit PageBudget(size_t slots);
+
   bool Free() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return slots_ == 0 || held_ < slots_; }
   PageSlot Grant() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Return(std::unique_ptr<std::string> buffer) ABSL_LOCKS_EXCLUDED(mu_);
+  void KeepBuffer(std::unique_ptr<std::string> buffer) ABSL_LOCKS_EXCLUDED(mu_);
+  void KeepBufferLocked(std::unique_ptr<std::string> buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::unique_ptr<std::string> LendBuffer() ABSL_LOCKS_EXCLUDED(mu_);
 
   const size_t slots_;

@@ -1,6 +1,7 @@
 #include "consumer/page_budget.h"
 
 #include <atomic>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -21,7 +22,8 @@ void AwaitWaiting(const PageBudget& budget, size_t n) {
 }
 
 TEST(PageBudgetTest, CapsTheSlotsHeldAtOnce) {
-  PageBudget budget(2);
+  std::shared_ptr<PageBudget> shared = PageBudget::Create(2);
+  PageBudget& budget = *shared;
   std::optional<PageSlot> a = budget.TryAcquire();
   std::optional<PageSlot> b = budget.TryAcquire();
   ASSERT_TRUE(a.has_value() && b.has_value());
@@ -36,7 +38,8 @@ TEST(PageBudgetTest, CapsTheSlotsHeldAtOnce) {
 }
 
 TEST(PageBudgetTest, ZeroSlotsMeansNoCap) {
-  PageBudget budget(0);
+  std::shared_ptr<PageBudget> shared = PageBudget::Create(0);
+  PageBudget& budget = *shared;
   std::vector<PageSlot> slots;
   for (int i = 0; i < 100; ++i) {
     std::optional<PageSlot> s = budget.TryAcquire();
@@ -47,7 +50,8 @@ TEST(PageBudgetTest, ZeroSlotsMeansNoCap) {
 }
 
 TEST(PageBudgetTest, AMovedSlotIsReleasedOnce) {
-  PageBudget budget(1);
+  std::shared_ptr<PageBudget> shared = PageBudget::Create(1);
+  PageBudget& budget = *shared;
   std::optional<PageSlot> a = budget.TryAcquire();
   ASSERT_TRUE(a.has_value());
   PageSlot moved = *std::move(a);
@@ -61,7 +65,8 @@ TEST(PageBudgetTest, AMovedSlotIsReleasedOnce) {
 }
 
 TEST(PageBudgetTest, BuffersAreReusedWithTheirCapacity) {
-  PageBudget budget(2);
+  std::shared_ptr<PageBudget> shared = PageBudget::Create(2);
+  PageBudget& budget = *shared;
   const std::string* first = nullptr;
   {
     std::optional<PageSlot> s = budget.TryAcquire();
@@ -77,8 +82,22 @@ TEST(PageBudgetTest, BuffersAreReusedWithTheirCapacity) {
   EXPECT_EQ(budget.idle_buffers(), 0u);
 }
 
+TEST(PageBudgetTest, AReturnedBufferServesTheNextSlotWhileTheFirstIsHeld) {
+  std::shared_ptr<PageBudget> shared = PageBudget::Create(2);
+  std::optional<PageSlot> a = shared->TryAcquire();
+  ASSERT_TRUE(a.has_value());
+  std::string* buffer = a->buffer();
+  a->ReturnBuffer();  // parsed: the wire text is no longer needed
+  EXPECT_TRUE(a->held());
+  std::optional<PageSlot> b = shared->TryAcquire();
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->buffer(), buffer);
+  EXPECT_EQ(shared->held(), 2u);
+}
+
 TEST(PageBudgetTest, KeepsAtMostItsSlotsInIdleBuffers) {
-  PageBudget budget(0);  // uncapped: keeps at most 2
+  std::shared_ptr<PageBudget> shared = PageBudget::Create(0);
+  PageBudget& budget = *shared;  // uncapped: keeps at most 2
   {
     std::vector<PageSlot> slots;
     for (int i = 0; i < 5; ++i) {
@@ -90,7 +109,8 @@ TEST(PageBudgetTest, KeepsAtMostItsSlotsInIdleBuffers) {
 }
 
 TEST(PageBudgetTest, WaitersAreServedInArrivalOrderAndTryAcquireDoesNotJumpTheQueue) {
-  PageBudget budget(1);
+  std::shared_ptr<PageBudget> shared = PageBudget::Create(1);
+  PageBudget& budget = *shared;
   std::optional<PageSlot> holder = budget.TryAcquire();
   ASSERT_TRUE(holder.has_value());
   absl::Mutex mu;
@@ -115,7 +135,8 @@ TEST(PageBudgetTest, WaitersAreServedInArrivalOrderAndTryAcquireDoesNotJumpTheQu
 }
 
 TEST(PageBudgetTest, ACancelledWaiterLeavesTheQueueAndTheNextIsServed) {
-  PageBudget budget(1);
+  std::shared_ptr<PageBudget> shared = PageBudget::Create(1);
+  PageBudget& budget = *shared;
   std::optional<PageSlot> holder = budget.TryAcquire();
   ASSERT_TRUE(holder.has_value());
   std::atomic<bool> cancel_first{false};
@@ -142,8 +163,21 @@ TEST(PageBudgetTest, ACancelledWaiterLeavesTheQueueAndTheNextIsServed) {
   EXPECT_TRUE(second_done.HasBeenNotified());
 }
 
+TEST(PageBudgetTest, ASlotKeepsItsBudgetAlive) {
+  std::optional<PageSlot> slot;
+  {
+    std::shared_ptr<PageBudget> budget = PageBudget::Create(1);
+    slot = budget->TryAcquire();
+    ASSERT_TRUE(slot.has_value());
+    slot->buffer()->assign("page");
+  }  // the provider that owned the budget is gone; its page is not
+  EXPECT_EQ(*slot->buffer(), "page");
+  slot->Release();
+}
+
 TEST(PageBudgetTest, ManyThreadsNeverHoldMoreThanTheCap) {
-  PageBudget budget(3);
+  std::shared_ptr<PageBudget> shared = PageBudget::Create(3);
+  PageBudget& budget = *shared;
   std::atomic<int> inside{0}, most{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t) {

@@ -1,5 +1,6 @@
 #include "server/factories.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -7,6 +8,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "consumer/page_budget.h"
 #include "consumer/provider/curl_session.h"
 #include "consumer/provider/http_provider.h"
 #include "consumer/sinks/grpc_event_sink.h"
@@ -59,18 +61,21 @@ absl::StatusOr<std::string> ResolveApiKey(const handoff::v1::SourceSpec& spec) {
 
 }  // namespace
 
-consumer::Factories ProductionFactories() {
+consumer::Factories ProductionFactories(size_t max_pages_in_flight) {
   consumer::Factories factories;
   // One pool for every source's polled requests: caught-up sources share a few warm
   // connections instead of reconnecting at each poll (consumer/provider/curl_session.h).
   auto pool = std::make_shared<consumer::CurlSessionPool>(kIdlePollSessions);
-  factories.provider = [pool](const handoff::v1::SourceSpec& spec)
+  // One cap on the pages every source holds: page memory does not grow with sources.
+  auto budget = consumer::PageBudget::Create(std::max<size_t>(1, max_pages_in_flight));
+  factories.provider = [pool, budget](const handoff::v1::SourceSpec& spec)
       -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
     absl::StatusOr<std::string> key = ResolveApiKey(spec);
     if (!key.ok()) return key.status();
     consumer::HttpProviderOptions options = consumer::OptionsForSpec(spec);
     options.api_key = *std::move(key);
     options.session_pool = pool;
+    options.page_budget = budget;
     return consumer::MakeHttpProvider(std::move(options));
   };
   factories.external_sink = [](const handoff::v1::SourceSpec& spec) {

@@ -13,6 +13,7 @@
 #ifndef HANDOFF_SERVER_FACTORIES_H_
 #define HANDOFF_SERVER_FACTORIES_H_
 
+#include <cstddef>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -20,7 +21,15 @@
 
 namespace handoff::server {
 
-consumer::Factories ProductionFactories();
+// Pages all sources together hold at once, by default (--max_pages_in_flight;
+// consumer/page_budget.h). Measured on two vCPUs (bench/HISTORY.md 75): 64 sources
+// catching up need no more to keep the cores and the disk busy, and one source needs
+// at most ~6 (the page being committed, the prefetched one, the deleter's queue).
+inline constexpr size_t kDefaultMaxPagesInFlight = 16;
+
+// The providers share one PageBudget of `max_pages_in_flight` slots (at least 1) and
+// one pool of warm connections.
+consumer::Factories ProductionFactories(size_t max_pages_in_flight = kDefaultMaxPagesInFlight);
 
 // consumer::SourceManager::Create.
 absl::StatusOr<std::unique_ptr<consumer::SourceManager>> CreateProductionSourceManager(

@@ -53,6 +53,11 @@ ABSL_FLAG(int, max_unsynced_pages, handoff::consumer::WorkerOptions().max_unsync
           "Pages a source may have written whose WAL sync is still in flight (0..8): the "
           "source validates and writes its next pages meanwhile and reports a page only "
           "once it is synced. 0 makes every page wait for its own fsync.");
+ABSL_FLAG(int, max_pages_in_flight, static_cast<int>(handoff::server::kDefaultMaxPagesInFlight),
+          "Pages all sources together hold at once, from fetch to release (1..4096): "
+          "page memory is bounded by this, not by the number of sources. Sources wait "
+          "for a page slot first come, first served; a source's prefetch uses a slot "
+          "only when one is free.");
 ABSL_FLAG(absl::Duration, idle_poll_max, handoff::consumer::WorkerOptions().idle_backoff.max,
           "Longest wait between two polls of a caught-up polling source (each wait is "
           "uniform in [half, all] of the growing ceiling). Longer costs less CPU per idle "
@@ -126,7 +131,12 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.worker.idle_backoff.coalesce = coalesce;
   options.handle_signals = true;
   options.source_manager_factory = CreateProductionSourceManager;
-  options.factories = ProductionFactories();
+  const int pages_in_flight = absl::GetFlag(FLAGS_max_pages_in_flight);
+  if (pages_in_flight < 1 || pages_in_flight > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_pages_in_flight=", pages_in_flight, " is outside 1..4096"));
+  }
+  options.factories = ProductionFactories(static_cast<size_t>(pages_in_flight));
   return options;
 }
 

@@ -144,6 +144,7 @@ HttpProvider::HttpProvider(HttpProviderOptions options)
       base_(absl::StripSuffix(options_.base_url, "/")),
       pool_(options_.session_pool != nullptr ? options_.session_pool
                                              : std::make_shared<CurlSessionPool>(1)),
+      budget_(options_.page_budget != nullptr ? options_.page_budget : PageBudget::Create(0)),
       stream_session_(options_.transport == handoff::v1::TRANSPORT_SSE
                           ? std::make_unique<CurlSession>()
                           : nullptr),
@@ -263,6 +264,7 @@ FetchResult HttpProvider::Fetch(const std::string& committed_cursor) {
 void HttpProvider::Cancel() {
   cancelled_.store(true);
   { absl::MutexLock lock(&mu_); }  // re-evaluates the conditions of waiting threads
+  budget_->WakeWaiters();          // a Fetch or reader waiting for a page slot
   WakeTransfers();
 }
 
@@ -339,21 +341,34 @@ FetchResult TooLarge(size_t max) {
 
 FetchResult HttpProvider::FetchPoll(const std::string& cursor) {
   std::optional<FetchResult> result = TakePrefetch(cursor);
-  if (!result.has_value()) result = PollOnce(cursor, nullptr);
+  if (!result.has_value()) {
+    // This source holds no slot here (its earlier pages were handed to the engine, which
+    // releases them without waiting for the budget), so waiting cannot deadlock.
+    std::optional<PageSlot> slot = budget_->Acquire([this] { return cancelled_.load(); });
+    if (!slot.has_value()) return Cancelled();
+    result = PollOnce(cursor, nullptr, *std::move(slot));
+  }
   if (options_.poll_prefetch && result->page.has_value() && result->page->next != cursor &&
       !cancelled_.load()) {
-    StartPrefetch(result->page->next);
+    // Only with a slot to spare: when sources wait for slots, the ones ahead of this
+    // one fetch first, and a speculative page would take a slot from them.
+    if (std::optional<PageSlot> slot = budget_->TryAcquire()) {
+      StartPrefetch(result->page->next, *std::move(slot));
+    }
   }
   return *std::move(result);
 }
 
-void HttpProvider::StartPrefetch(const std::string& cursor) {
+void HttpProvider::StartPrefetch(const std::string& cursor, PageSlot slot) {
+  prefetch_slot_ = std::move(slot);
   prefetch_cursor_ = cursor;
   prefetch_generation_ = close_generation_.load();
   prefetch_started_ = absl::Now();
   prefetch_result_.reset();
   stop_prefetch_.store(false);
-  prefetch_.Run([this, cursor] { prefetch_result_ = PollOnce(cursor, &stop_prefetch_); });
+  prefetch_.Run([this, cursor] {
+    prefetch_result_ = PollOnce(cursor, &stop_prefetch_, std::move(prefetch_slot_));
+  });
 }
 
 std::optional<FetchResult> HttpProvider::TakePrefetch(const std::string& cursor) {
@@ -374,7 +389,8 @@ std::optional<FetchResult> HttpProvider::TakePrefetch(const std::string& cursor)
   return result;
 }
 
-FetchResult HttpProvider::PollOnce(const std::string& cursor, const std::atomic<bool>* stop) {
+FetchResult HttpProvider::PollOnce(const std::string& cursor, const std::atomic<bool>* stop,
+                                   PageSlot slot) {
   std::unique_ptr<CurlSession> session = pool_->Take();
   if (!session->ok()) return Transient("internal", "libcurl could not allocate a session");
   if (fresh_poll_connection_.exchange(false)) session->DropConnections();
@@ -382,7 +398,7 @@ FetchResult HttpProvider::PollOnce(const std::string& cursor, const std::atomic<
     absl::MutexLock lock(&poll_mu_);
     poll_session_ = session.get();
   }
-  FetchResult result = PollWith(session.get(), cursor, stop);
+  FetchResult result = PollWith(session.get(), cursor, stop, std::move(slot));
   {
     absl::MutexLock lock(&poll_mu_);
     poll_session_ = nullptr;
@@ -396,7 +412,8 @@ FetchResult HttpProvider::PollOnce(const std::string& cursor, const std::atomic<
 }
 
 FetchResult HttpProvider::PollWith(CurlSession* session, const std::string& cursor,
-                                   const std::atomic<bool>* stop) {
+                                   const std::atomic<bool>* stop, PageSlot slot) {
+  std::string& body = *slot.buffer();
   CurlSession::Request req;
   req.url = pages_url_ + UrlEscape(cursor);
   req.headers.push_back("Accept: application/json");
@@ -406,7 +423,7 @@ FetchResult HttpProvider::PollWith(CurlSession* session, const std::string& curs
   req.header_timeout = options_.read_timeout;
   req.body_idle_timeout = options_.read_timeout;
   req.total_timeout = options_.response_timeout;
-  BodyHandler handler(&body_, options_.max_page_bytes, PageParser::Padding());
+  BodyHandler handler(&body, options_.max_page_bytes, PageParser::Padding());
   const uint64_t generation = close_generation_.load();
   CurlSession::Result result = session->Run(req, &handler, [this, generation, stop] {
     return cancelled_.load() || close_generation_.load() != generation ||
@@ -416,7 +433,7 @@ FetchResult HttpProvider::PollWith(CurlSession* session, const std::string& curs
   if (result.interrupted) return Transient("closed", "connection closed by Close()");
   if (handler.too_large()) return TooLarge(options_.max_page_bytes);
   if (handler.error_capped()) {
-    return FetchResult::Refused(Scrub(ClassifyRefusal(handler.response().status, body_,
+    return FetchResult::Refused(Scrub(ClassifyRefusal(handler.response().status, body,
                                                       handler.response().retry_after,
                                                       std::nullopt)));
   }
@@ -447,9 +464,10 @@ FetchResult HttpProvider::PollWith(CurlSession* session, const std::string& curs
   const int status = handler.response().status;
   if (status != 200) {
     return FetchResult::Refused(
-        Scrub(ClassifyRefusal(status, body_, handler.response().retry_after, std::nullopt)));
+        Scrub(ClassifyRefusal(status, body, handler.response().retry_after, std::nullopt)));
   }
-  absl::StatusOr<Page> page = poll_parser_.ParseOwned(&body_);
+  absl::StatusOr<Page> page = poll_parser_.ParseOwned(&body);
+  slot.ReturnBuffer();
   if (!page.ok()) {
     Refusal r;
     r.kind = RefusalKind::kMalformedPage;
@@ -458,6 +476,7 @@ FetchResult HttpProvider::PollWith(CurlSession* session, const std::string& curs
     r.message = std::string(page.status().message());
     return FetchResult::Refused(Scrub(std::move(r)));
   }
+  page->slot = std::move(slot);
   return FetchResult::Of(*std::move(page));
 }
 
@@ -513,6 +532,7 @@ void HttpProvider::StopReader() {
   if (reader_.joinable()) {
     stop_reader_.store(true);
     { absl::MutexLock lock(&mu_); }  // wakes a reader waiting for queue room
+    budget_->WakeWaiters();          // or for a page slot
     WakeTransfers();
     reader_.join();
     stop_reader_.store(false);
@@ -536,17 +556,29 @@ void HttpProvider::StartReader(const std::string& cursor) {
 }
 
 bool HttpProvider::PushPage(Page page, uint64_t stream_id) {
-  absl::MutexLock lock(&mu_);
   struct Args {
     HttpProvider* self;
   } args{this};
-  mu_.Await(absl::Condition(
-      +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return a->self->queue_.size() < a->self->options_.sse_buffered_pages ||
-               a->self->stop_reader_.load() || a->self->cancelled_.load();
-      },
-      &args));
-  if (stop_reader_.load() || cancelled_.load() || stream_id_ != stream_id) return false;
+  auto stopped = [this] { return stop_reader_.load() || cancelled_.load(); };
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return a->self->queue_.size() < a->self->options_.sse_buffered_pages ||
+                 a->self->stop_reader_.load() || a->self->cancelled_.load();
+        },
+        &args));
+    if (stopped() || stream_id_ != stream_id) return false;
+  }
+  // The page is queued under a slot of the budget. The reader holds none while it waits
+  // (the queued pages' slots are released by the engine, which does not wait for the
+  // budget): no deadlock. Waiting leaves the socket unread, as a full queue does. Only
+  // this thread adds to the queue, so the room found above is still there.
+  std::optional<PageSlot> slot = budget_->Acquire(stopped);
+  if (!slot.has_value()) return false;
+  page.slot = *std::move(slot);
+  absl::MutexLock lock(&mu_);
+  if (stopped() || stream_id_ != stream_id) return false;
   StreamItem item;
   item.page = std::move(page);
   queue_.push_back(std::move(item));

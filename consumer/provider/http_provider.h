@@ -60,6 +60,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "consumer/page_budget.h"
 #include "consumer/provider.h"
 #include "consumer/provider/page_parser.h"
 #include "consumer/reusable_thread.h"
@@ -97,6 +98,13 @@ struct HttpProviderOptions {
   // share warm connections (handoffd: all of them). nullptr: a pool of one session of
   // this provider's own, closed with it.
   std::shared_ptr<CurlSessionPool> session_pool;
+  // The process-wide cap on pages held (consumer/page_budget.h), shared by the providers
+  // of every source (handoffd: all of them). Every page is fetched under a slot of it
+  // and carries the slot until destroyed; receive buffers come with the slots. A Fetch
+  // with no prefetched page waits (first come, first served) for a slot; a prefetch or
+  // an SSE page is only started or queued under one, the prefetch only if one is free
+  // at once. nullptr: an uncapped budget of this provider's own (buffers reused, no cap).
+  std::shared_ptr<PageBudget> page_budget;
   std::string user_agent = "handoff/1";
 };
 
@@ -143,15 +151,18 @@ class HttpProvider : public Provider {
   // One polled request and its parse. Runs on the Fetch thread or the prefetch thread,
   // never both at once (FetchPoll joins the prefetch first).
   // Leases the session (the held one, else one from the pool) and gives it back after.
-  FetchResult PollOnce(const std::string& cursor, const std::atomic<bool>* stop);
+  // The page, if any, carries `slot`; its receive buffer is the slot's, given back once
+  // the body is parsed.
+  FetchResult PollOnce(const std::string& cursor, const std::atomic<bool>* stop,
+                       PageSlot slot);
   FetchResult PollWith(CurlSession* session, const std::string& cursor,
-                       const std::atomic<bool>* stop);
+                       const std::atomic<bool>* stop, PageSlot slot);
   // Interrupts the polled request in flight, if any, and the stream's transfer.
   void WakeTransfers() ABSL_LOCKS_EXCLUDED(poll_mu_);
   // The prefetched result for `cursor`, if any and still usable; always ends (joins) a
   // prefetch in flight. Called on the Fetch thread only.
   std::optional<FetchResult> TakePrefetch(const std::string& cursor);
-  void StartPrefetch(const std::string& cursor);
+  void StartPrefetch(const std::string& cursor, PageSlot slot);
   FetchResult FetchStream(const std::string& cursor);
   void ReaderMain(std::string cursor, uint64_t stream_id);
   // Pushes a page, waiting for room. False when the reader must stop.
@@ -167,6 +178,7 @@ class HttpProvider : public Provider {
   const HttpProviderOptions options_;
   const std::string base_;  // base_url without a trailing '/'
   const std::shared_ptr<CurlSessionPool> pool_;
+  const std::shared_ptr<PageBudget> budget_;
   // SSE only (nullptr when polling): the reader's session, the stream's connection.
   const std::unique_ptr<CurlSession> stream_session_;
   const std::string pages_url_;
@@ -186,8 +198,8 @@ class HttpProvider : public Provider {
   // Used only by the thread that calls Fetch (polling), or by the prefetch thread while
   // the Fetch thread is elsewhere (handed over by prefetch_.Run() and Wait()).
   PageParser poll_parser_;
-  std::string body_;
   std::string prefetch_cursor_;
+  PageSlot prefetch_slot_;  // handed to the prefetch thread by StartPrefetch
   uint64_t prefetch_generation_ = 0;
   absl::Time prefetch_started_;
   std::optional<FetchResult> prefetch_result_;  // written by the prefetch thread

@@ -274,7 +274,7 @@ class CountingProvider final : public consumer::Provider {
 consumer::Factories BenchFactories() {
   // handoffd's own factories (one session pool shared by every source's polls), with
   // fetches counted.
-  consumer::Factories f = server::ProductionFactories();
+  consumer::Factories f = server::ProductionFactories(server::DefaultMaxPagesInFlight());
   f.provider = [inner = std::move(f.provider)](const handoff::v1::SourceSpec& spec)
       -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
     absl::StatusOr<std::unique_ptr<consumer::Provider>> p = inner(spec);

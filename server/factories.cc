@@ -5,6 +5,7 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -60,6 +61,10 @@ absl::StatusOr<std::string> ResolveApiKey(const handoff::v1::SourceSpec& spec) {
 }
 
 }  // namespace
+
+size_t DefaultMaxPagesInFlight() {
+  return std::max<size_t>(8, 4 * static_cast<size_t>(std::thread::hardware_concurrency()));
+}
 
 consumer::Factories ProductionFactories(size_t max_pages_in_flight) {
   consumer::Factories factories;

@@ -22,14 +22,16 @@
 namespace handoff::server {
 
 // Pages all sources together hold at once, by default (--max_pages_in_flight;
-// consumer/page_budget.h). Measured on two vCPUs (bench/HISTORY.md 75): 64 sources
-// catching up need no more to keep the cores and the disk busy, and one source needs
-// at most ~6 (the page being committed, the prefetched one, the deleter's queue).
-inline constexpr size_t kDefaultMaxPagesInFlight = 16;
+// consumer/page_budget.h): 4 per core, at least 8. Measured on two vCPUs (bench/
+// HISTORY.md 75, 64 sources catching up): 8 was the fastest of 4, 6, 8, 12, 16 and no
+// cap, and one source, which holds at most ~6 (the page being committed, the prefetched
+// one, the deleter's queue), kept its speed. The scaling with cores is an assumption,
+// not measured here.
+size_t DefaultMaxPagesInFlight();
 
 // The providers share one PageBudget of `max_pages_in_flight` slots (at least 1) and
 // one pool of warm connections.
-consumer::Factories ProductionFactories(size_t max_pages_in_flight = kDefaultMaxPagesInFlight);
+consumer::Factories ProductionFactories(size_t max_pages_in_flight);
 
 // consumer::SourceManager::Create.
 absl::StatusOr<std::unique_ptr<consumer::SourceManager>> CreateProductionSourceManager(

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -251,6 +252,95 @@ TEST_F(HttpProviderTest, PollPrefetchIsHandedOutOnlyForTheCommittedNext) {
   p->Close();
   Page third = ExpectPage(p->Fetch(second.next));
   EXPECT_EQ(third.from, ExpectPage(plain->Fetch(second.next)).from);
+}
+
+// Every page is fetched under a slot of the shared PageBudget and holds it until it is
+// destroyed; a Fetch without a free slot waits for one (and Cancel ends the wait); a
+// prefetch takes a slot only when one is free.
+TEST_F(HttpProviderTest, PollFetchesUnderAPageSlotAndWaitsForOne) {
+  std::shared_ptr<PageBudget> budget = PageBudget::Create(2);
+  HttpProviderOptions o = Options(handoff::v1::TRANSPORT_POLL);
+  o.page_budget = budget;
+  auto p = Make(std::move(o));
+  const size_t before = sim_->Requests().size();
+  std::optional<Page> first = ExpectPage(p->Fetch("0"));
+  EXPECT_TRUE(first->slot.held());
+  // The page and the prefetch of its next hold both slots.
+  ASSERT_TRUE(sim_->WaitForRequests(before + 2, absl::Seconds(10)));
+  EXPECT_EQ(budget->held(), 2u);
+  // The engine rereads "0" (a failed commit): the prefetch is dropped (its slot too) and
+  // this Fetch takes the free slot. No slot is left for a prefetch of the next page.
+  std::optional<Page> again = ExpectPage(p->Fetch("0"));
+  EXPECT_EQ(budget->held(), 2u);
+  const size_t requests = sim_->Requests().size();
+  // Both slots are held by pages the engine has not released: the next Fetch waits.
+  absl::Notification done;
+  FetchResult result;
+  std::thread fetcher([&] {
+    result = p->Fetch(again->next);
+    done.Notify();
+  });
+  while (budget->waiting() != 1) std::this_thread::yield();
+  EXPECT_FALSE(done.HasBeenNotified());
+  EXPECT_EQ(sim_->Requests().size(), requests);  // nothing requested without a slot
+  first.reset();  // the engine releases a page: the waiting Fetch goes on
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  fetcher.join();
+  ASSERT_TRUE(result.page.has_value());
+  EXPECT_TRUE(result.page->slot.held());
+  EXPECT_EQ(budget->held(), 2u);
+  EXPECT_LE(budget->peak_held(), 2u);
+  again.reset();
+  result.page.reset();
+  EXPECT_EQ(budget->held(), 0u);
+}
+
+TEST_F(HttpProviderTest, CancelEndsAFetchWaitingForAPageSlot) {
+  std::shared_ptr<PageBudget> budget = PageBudget::Create(1);
+  std::optional<PageSlot> taken = budget->TryAcquire();  // another source's page
+  ASSERT_TRUE(taken.has_value());
+  for (handoff::v1::Transport t : {handoff::v1::TRANSPORT_POLL, handoff::v1::TRANSPORT_SSE}) {
+    SCOPED_TRACE(t);
+    HttpProviderOptions o = Options(t);
+    o.page_budget = budget;
+    auto p = Make(std::move(o));
+    absl::Notification done;
+    FetchResult result;
+    std::thread fetcher([&] {
+      result = p->Fetch("0");
+      done.Notify();
+    });
+    // Polling: the Fetch waits for a slot; SSE: the reader does, with a parsed page.
+    while (budget->waiting() != 1) std::this_thread::yield();
+    EXPECT_FALSE(done.HasBeenNotified());
+    p->Cancel();
+    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+    fetcher.join();
+    ASSERT_TRUE(result.refusal.has_value());
+    EXPECT_EQ(result.refusal->kind, RefusalKind::kCancelled);
+    p.reset();  // the reader is gone too
+    EXPECT_EQ(budget->waiting(), 0u);
+    EXPECT_EQ(budget->held(), 1u);  // only the other source's page
+  }
+}
+
+TEST_F(HttpProviderTest, SseQueuesPagesOnlyUnderPageSlots) {
+  std::shared_ptr<PageBudget> budget = PageBudget::Create(1);
+  HttpProviderOptions o = Options(handoff::v1::TRANSPORT_SSE);
+  o.page_budget = budget;
+  auto p = Make(std::move(o));
+  std::optional<Page> first = ExpectPage(p->Fetch("0"));
+  EXPECT_TRUE(first->slot.held());
+  // The reader has the next page parsed but no slot to queue it under: it waits, and
+  // Fetch would wait for it.
+  while (budget->waiting() != 1) std::this_thread::yield();
+  EXPECT_FALSE(p->Ready(first->next));
+  const std::string next = first->next;
+  first.reset();
+  Page second = ExpectPage(p->Fetch(next));
+  EXPECT_TRUE(second.slot.held());
+  EXPECT_FALSE(second.items.empty());
+  EXPECT_EQ(budget->peak_held(), 1u);
 }
 
 // Ready(c): Fetch(c) would return at once. The worker publishes its last page before a

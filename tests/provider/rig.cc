@@ -178,6 +178,7 @@ void ProviderRigTest::Open() {
     o.connect_timeout = absl::Seconds(2);
     o.read_timeout = absl::Seconds(5);
     o.sse_silence_timeout = sse_silence_;
+    o.page_budget = page_budget_;
     absl::StatusOr<std::unique_ptr<consumer::HttpProvider>> p =
         consumer::HttpProvider::Create(std::move(o));
     if (!p.ok()) return p.status();

@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "consumer/observer.h"
+#include "consumer/page_budget.h"
 #include "consumer/provider.h"
 #include "consumer/source_manager.h"
 #include "gtest/gtest.h"
@@ -173,6 +174,8 @@ class ProviderRigTest : public ::testing::Test {
   std::map<std::string, std::string> filter_override_;  // source id -> filter sent
   absl::Duration fetch_backoff_initial_ = absl::Milliseconds(5);
   absl::Duration fetch_backoff_max_ = absl::Milliseconds(50);
+  // The PageBudget every adapter shares, as handoffd's; nullptr: each its own, uncapped.
+  std::shared_ptr<consumer::PageBudget> page_budget_;
 
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<consumer::SourceManager> manager_;

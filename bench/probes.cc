@@ -342,6 +342,7 @@ json MemoryTerms(const Engine& engine, const ProbeArgs& a) {
   consumer::PageMemoryInputs in;
   (a.transport == "sse" ? in.sse_sources : in.poll_sources) = a.sources;
   in.largest_page_bytes = g_largest_page_bytes.load();
+  in.page_slots = server::DefaultMaxPagesInFlight();  // BenchFactories' budget
   return json{{"base_rss_mb", engine.base_rss_mb},
               {"store_ceiling_mb", engine.store_ceiling_mb},
               {"largest_page_bytes", in.largest_page_bytes},

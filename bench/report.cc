@@ -133,12 +133,11 @@ MemoryFit FitMemory(const json& raw) {
 
 std::string BoundFormula() {
   return absl::StrFormat(
-      "peak RSS <= R0 + storage ceiling + S x T + b x (%.1f x polling sources + %.1f x SSE "
-      "sources + %.1f x min(S, %d) + %.0f)",
-      consumer::PollSourcePageFactor(),
-      consumer::SseSourcePageFactor(consumer::PageMemoryInputs().sse_buffered_pages),
-      consumer::kDomBytesPerWireByte, static_cast<int>(consumer::kDomParsers),
-      consumer::ProcessPageFactor());
+      "peak RSS <= R0 + storage ceiling + S x T + b x (%.2f x P + %.1f x polling sources + "
+      "%.2f x SSE sources + %.1f x min(S, %d) + %.0f)",
+      consumer::SlotPageFactor(), consumer::BudgetedPollSourcePageFactor(),
+      consumer::BudgetedSseSourcePageFactor(), consumer::kDomBytesPerWireByte,
+      static_cast<int>(consumer::kDomParsers), consumer::BudgetedProcessPageFactor());
 }
 
 // The memory bound of every ingest run (consumer/memory_bound.h, store.h):
@@ -382,11 +381,14 @@ absl::Status WriteReport(const Results& res, const std::string& out_dir) {
       "behind, RocksDB stops the writes instead of growing memory.\n"
       "- T: what one source costs without pages (its thread, its libcurl handle, its "
       "buffers), measured as the idle probe's growth per source.\n"
-      "- b x ...: every buffer that grows with a page, per source and per process "
-      "(`consumer/memory_bound.h`: body 2b, a parsed page 3.25b of which the prefetched "
-      "and the SSE-buffered ones, the step's batch 1.5b; per process the shared simdjson "
-      "parsers' DOM allocations, 13.7b each, one per source up to 8, the row pool's 32 "
-      "pages and the deleter's 4). The rows and encoded-rows "
+      "- b x ...: every buffer that grows with a page (`consumer/memory_bound.h`). P, the "
+      "page slots every source shares (`--max_pages_in_flight`, the bench runs handoffd's "
+      "default, 8 on 2 cores): a page exists only under a slot, each holding a receive "
+      "buffer 2b and a parsed page 3.25b (the page being committed, the prefetched one, "
+      "the SSE-queued ones, the deleter's). Per polling source the step's batch 1.5b; per "
+      "SSE source its stream buffers 3b, the page it parsed waiting for a slot 3.25b and "
+      "the batch. Per process the shared simdjson parsers' DOM allocations, 13.7b each, "
+      "one per source up to 8, and the row pool's 32 pages. The rows and encoded-rows "
       "factors are asserted by `page_parser_test` over the worst item shapes.\n\n";
   if (bound.ok()) {
     absl::StrAppend(&md, absl::StrFormat("T = %.2f MB per source (idle probe). ",

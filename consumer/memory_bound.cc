@@ -4,6 +4,16 @@
 
 namespace handoff::consumer {
 
+double SlotPageFactor() { return kPollBodyBytesPerWireByte + kParsedPageBytesPerWireByte; }
+
+double BudgetedPollSourcePageFactor() { return kStepBatchBytesPerWireByte; }
+
+double BudgetedSseSourcePageFactor() {
+  return kSseStreamBytesPerWireByte + kParsedPageBytesPerWireByte + kStepBatchBytesPerWireByte;
+}
+
+double BudgetedProcessPageFactor() { return kPooledRowPages * kRowBytesPerWireByte; }
+
 double PollSourcePageFactor() {
   return kPollBodyBytesPerWireByte + 2 * kParsedPageBytesPerWireByte + kStepBatchBytesPerWireByte;
 }
@@ -22,6 +32,12 @@ double ProcessPageFactor() {
 }
 
 double PageMemoryBound(const PageMemoryInputs& in) {
+  if (in.page_slots > 0) {
+    return static_cast<double>(in.largest_page_bytes) *
+           (in.page_slots * SlotPageFactor() + in.poll_sources * BudgetedPollSourcePageFactor() +
+            in.sse_sources * BudgetedSseSourcePageFactor() +
+            DomPageFactor(in.poll_sources + in.sse_sources) + BudgetedProcessPageFactor());
+  }
   return static_cast<double>(in.largest_page_bytes) *
          (in.poll_sources * PollSourcePageFactor() +
           in.sse_sources * SseSourcePageFactor(in.sse_buffered_pages) +

@@ -2,18 +2,31 @@
 //
 // Every buffer that grows with a page is listed here with its cap, in bytes per byte of
 // the largest page body a source receives (`b`, at most the provider's max_page_bytes,
-// 64 MiB by default; about 0.7 KB per event for the simulator's logs):
+// 64 MiB by default; about 0.7 KB per event for the simulator's logs).
+//
+// With a PageBudget of P slots shared by every source (handoffd: --max_pages_in_flight),
+// a page exists only under a slot, so pages are a per-process term:
+//
+//   per slot (P)                     5.25 b   a receive buffer (string growth) 2 b,
+//                                             lent while fetching, and the page:
+//                                             rows 2 b + encoded rows 1.25 b
+//   per polling source               1.5 b    the step's WriteBatch
+//   per SSE source                   7.75 b   stream buffers (line, data, frame) 3 b,
+//                                             the parsed page waiting for room or a
+//                                             slot 3.25 b, the step's WriteBatch 1.5 b
+//   per process: the simdjson DOMs of the shared parsers, 13.7 b each (tape 8, strings
+//   5/3, index 4), min(sources, kDomParsers) of them; the RowPool's pages of recycled
+//   rows (2 b each). The deleter's queued pages hold slots: counted in P.
+//
+// Without a budget (P = 0: each provider its own, uncapped; tests), pages are per source:
 //
 //   per polling source                       per SSE source
-//   body buffer (string growth)      2 b     stream buffers (line, data, frame)  3 b
+//   body buffer                      2 b     stream buffers (line, data, frame)  3 b
 //   the page being committed and     6.5 b   the page being committed and the    3.25 b
 //     the prefetched one, each rows            buffered ones (sse_buffered_pages)  x (1 + n)
 //     2 b + encoded rows 1.25 b
 //   the step's WriteBatch            1.5 b   the step's WriteBatch               1.5 b
-//
-//   per process: the simdjson DOMs of the shared parsers, 13.7 b each (tape 8, strings
-//   5/3, index 4), min(sources, kDomParsers) of them; the RowPool's pages of recycled
-//   rows (2 b each) and the deleter's queue of finished pages (3.25 b each).
+//   and per process the deleter's queue of finished pages (3.25 b each) besides.
 //
 // The rows and encoded-rows factors are asserted by page_parser_test
 // (PageMemoryIsBoundedByItsWireBytes) over the smallest legal item, four topics and long
@@ -56,10 +69,18 @@ struct PageMemoryInputs {
   size_t largest_page_bytes = 0;
   // HttpProviderOptions::sse_buffered_pages (its default here too).
   size_t sse_buffered_pages = 2;
+  // Slots of the PageBudget every source shares; 0: no shared budget.
+  size_t page_slots = 0;
 };
 
-// Bytes held per byte of the largest page: by one polling source, by one SSE source
-// buffering `sse_buffered_pages`, and by the process-wide holders but the parsers.
+// Bytes held per byte of the largest page, with a shared PageBudget: by one slot, one
+// polling source, one SSE source, and the process-wide holders but the parsers and slots.
+double SlotPageFactor();
+double BudgetedPollSourcePageFactor();
+double BudgetedSseSourcePageFactor();
+double BudgetedProcessPageFactor();
+// The same without a budget: one polling source, one SSE source buffering
+// `sse_buffered_pages`, the process-wide holders but the parsers.
 double PollSourcePageFactor();
 double SseSourcePageFactor(size_t sse_buffered_pages);
 double ProcessPageFactor();

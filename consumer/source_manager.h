@@ -27,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "consumer/observer.h"
+#include "consumer/page_budget.h"
 #include "consumer/provider.h"
 #include "consumer/sink.h"
 #include "consumer/source_worker.h"
@@ -44,6 +45,8 @@ struct Factories {
   // May return nullptr for sources whose sink is local rows.
   std::function<absl::StatusOr<std::unique_ptr<ExternalSink>>(const handoff::v1::SourceSpec&)>
       external_sink;
+  // The budget the providers fetch pages under, for observation (/metrics); may be null.
+  std::shared_ptr<const PageBudget> page_budget;
 };
 
 struct SourceManagerOptions {

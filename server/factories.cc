@@ -83,6 +83,7 @@ consumer::Factories ProductionFactories(size_t max_pages_in_flight) {
     options.page_budget = budget;
     return consumer::MakeHttpProvider(std::move(options));
   };
+  factories.page_budget = budget;
   factories.external_sink = [](const handoff::v1::SourceSpec& spec) {
     return consumer::MakeExternalSink(spec);
   };

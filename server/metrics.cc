@@ -105,10 +105,12 @@ void MetricsObserver::OnCorrection(absl::string_view source_id, uint64_t depth) 
 
 ProgressCollector::ProgressCollector(consumer::SourceManager* manager,
                                      std::function<absl::Status()> store_health,
-                                     std::function<store::Store::MemoryUsage()> store_memory)
+                                     std::function<store::Store::MemoryUsage()> store_memory,
+                                     std::shared_ptr<const consumer::PageBudget> page_budget)
     : manager_(manager),
       store_health_(std::move(store_health)),
-      store_memory_(std::move(store_memory)) {}
+      store_memory_(std::move(store_memory)),
+      page_budget_(std::move(page_budget)) {}
 
 std::vector<MetricFamily> ProgressCollector::Collect() const {
   const std::vector<handoff::v1::Progress> all = manager_->AllProgress();
@@ -182,6 +184,21 @@ std::vector<MetricFamily> ProgressCollector::Collect() const {
     AddSample(&cache, {}, static_cast<double>(memory.block_cache_bytes));
     out.push_back(std::move(memtables));
     out.push_back(std::move(cache));
+  }
+  if (page_budget_ != nullptr) {
+    MetricFamily slots = NewFamily("handoff_page_slots",
+                                   "Pages all sources may hold at once (--max_pages_in_flight)",
+                                   MetricType::Gauge);
+    AddSample(&slots, {}, static_cast<double>(page_budget_->slots()));
+    MetricFamily held = NewFamily("handoff_page_slots_held",
+                                  "Pages held now, from fetch to release", MetricType::Gauge);
+    AddSample(&held, {}, static_cast<double>(page_budget_->held()));
+    MetricFamily waiting = NewFamily("handoff_page_slot_waiters",
+                                     "Sources waiting for a page slot", MetricType::Gauge);
+    AddSample(&waiting, {}, static_cast<double>(page_budget_->waiting()));
+    out.push_back(std::move(slots));
+    out.push_back(std::move(held));
+    out.push_back(std::move(waiting));
   }
   return out;
 }

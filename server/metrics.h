@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "consumer/observer.h"
+#include "consumer/page_budget.h"
 #include "consumer/source_manager.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
@@ -59,9 +60,11 @@ class MetricsObserver final : public consumer::EngineObserver {
 class ProgressCollector final : public prometheus::Collectable {
  public:
   // `manager` is not owned and outlives every Collect() call (the exposer is stopped
-  // before the manager is destroyed). Without `store_memory` no memory gauges are served.
+  // before the manager is destroyed). Without `store_memory` no memory gauges are served;
+  // without `page_budget` no page-slot gauges.
   ProgressCollector(consumer::SourceManager* manager, std::function<absl::Status()> store_health,
-                    std::function<store::Store::MemoryUsage()> store_memory = nullptr);
+                    std::function<store::Store::MemoryUsage()> store_memory = nullptr,
+                    std::shared_ptr<const consumer::PageBudget> page_budget = nullptr);
 
   std::vector<prometheus::MetricFamily> Collect() const override;
 
@@ -69,6 +72,7 @@ class ProgressCollector final : public prometheus::Collectable {
   consumer::SourceManager* const manager_;
   const std::function<absl::Status()> store_health_;
   const std::function<store::Store::MemoryUsage()> store_memory_;
+  const std::shared_ptr<const consumer::PageBudget> page_budget_;
 };
 
 // The HTTP endpoint (/metrics) serving `collectables`. `listen` is "host:port"; port 0

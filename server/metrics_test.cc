@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -61,9 +62,15 @@ TEST(ProgressCollectorTest, ExportsDurableFiguresPerSource) {
   p.set_lag_blocks(10);
   ASSERT_TRUE(manager.SetProgress(p).ok());
 
-  ProgressCollector collector(&manager, [] { return absl::OkStatus(); }, [] {
-    return store::Store::MemoryUsage{/*memtable_bytes=*/5 << 20, /*block_cache_bytes=*/7000};
-  });
+  std::shared_ptr<consumer::PageBudget> budget = consumer::PageBudget::Create(8);
+  std::optional<consumer::PageSlot> held = budget->TryAcquire();
+  ASSERT_TRUE(held.has_value());
+  ProgressCollector collector(
+      &manager, [] { return absl::OkStatus(); },
+      [] {
+        return store::Store::MemoryUsage{/*memtable_bytes=*/5 << 20, /*block_cache_bytes=*/7000};
+      },
+      budget);
   const std::string text = Scrape(collector);
   for (const char* expected : {
            "handoff_events_applied_total{source=\"src\"} 42",
@@ -82,6 +89,9 @@ TEST(ProgressCollectorTest, ExportsDurableFiguresPerSource) {
            "handoff_store_healthy 1",
            "handoff_store_memtable_bytes 5242880",
            "handoff_store_block_cache_bytes 7000",
+           "handoff_page_slots 8",
+           "handoff_page_slots_held 1",
+           "handoff_page_slot_waiters 0",
        }) {
     EXPECT_NE(text.find(expected), std::string::npos) << expected << "\n" << text;
   }

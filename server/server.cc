@@ -170,7 +170,8 @@ absl::Status Server::Build() {
 
   if (!options_.metrics_listen.empty()) {
     progress_collector_ = std::make_shared<ProgressCollector>(
-        manager_.get(), store_health, [store] { return store->memory_usage(); });
+        manager_.get(), store_health, [store] { return store->memory_usage(); },
+        options_.factories.page_budget);
     ASSIGN_OR_RETURN(metrics_, MetricsEndpoint::Start(options_.metrics_listen,
                                                       {registry_, progress_collector_}));
   }

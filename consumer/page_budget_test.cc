@@ -22,141 +22,134 @@ void AwaitWaiting(const PageBudget& budget, size_t n) {
 }
 
 TEST(PageBudgetTest, CapsTheSlotsHeldAtOnce) {
-  std::shared_ptr<PageBudget> shared = PageBudget::Create(2);
-  PageBudget& budget = *shared;
-  std::optional<PageSlot> a = budget.TryAcquire();
-  std::optional<PageSlot> b = budget.TryAcquire();
+  std::shared_ptr<PageBudget> budget = PageBudget::Create(2);
+  std::optional<PageSlot> a = budget->TryAcquire();
+  std::optional<PageSlot> b = budget->TryAcquire();
   ASSERT_TRUE(a.has_value() && b.has_value());
   EXPECT_TRUE(a->held());
-  EXPECT_FALSE(budget.TryAcquire().has_value());
-  EXPECT_EQ(budget.held(), 2u);
+  EXPECT_FALSE(budget->TryAcquire().has_value());
+  EXPECT_EQ(budget->held(), 2u);
   a->Release();
   EXPECT_FALSE(a->held());
-  EXPECT_EQ(budget.held(), 1u);
-  EXPECT_TRUE(budget.TryAcquire().has_value());  // released again at once
-  EXPECT_EQ(budget.peak_held(), 2u);
+  EXPECT_EQ(budget->held(), 1u);
+  EXPECT_TRUE(budget->TryAcquire().has_value());  // released again at once
+  EXPECT_EQ(budget->peak_held(), 2u);
 }
 
 TEST(PageBudgetTest, ZeroSlotsMeansNoCap) {
-  std::shared_ptr<PageBudget> shared = PageBudget::Create(0);
-  PageBudget& budget = *shared;
+  std::shared_ptr<PageBudget> budget = PageBudget::Create(0);
   std::vector<PageSlot> slots;
   for (int i = 0; i < 100; ++i) {
-    std::optional<PageSlot> s = budget.TryAcquire();
+    std::optional<PageSlot> s = budget->TryAcquire();
     ASSERT_TRUE(s.has_value());
     slots.push_back(*std::move(s));
   }
-  EXPECT_EQ(budget.held(), 100u);
+  EXPECT_EQ(budget->held(), 100u);
 }
 
 TEST(PageBudgetTest, AMovedSlotIsReleasedOnce) {
-  std::shared_ptr<PageBudget> shared = PageBudget::Create(1);
-  PageBudget& budget = *shared;
-  std::optional<PageSlot> a = budget.TryAcquire();
+  std::shared_ptr<PageBudget> budget = PageBudget::Create(1);
+  std::optional<PageSlot> a = budget->TryAcquire();
   ASSERT_TRUE(a.has_value());
   PageSlot moved = *std::move(a);
   a.reset();  // the moved-from slot releases nothing
-  EXPECT_EQ(budget.held(), 1u);
+  EXPECT_EQ(budget->held(), 1u);
   PageSlot assigned;
   assigned = std::move(moved);
-  EXPECT_EQ(budget.held(), 1u);
+  EXPECT_EQ(budget->held(), 1u);
   assigned = PageSlot();  // releases
-  EXPECT_EQ(budget.held(), 0u);
+  EXPECT_EQ(budget->held(), 0u);
 }
 
 TEST(PageBudgetTest, BuffersAreReusedWithTheirCapacity) {
-  std::shared_ptr<PageBudget> shared = PageBudget::Create(2);
-  PageBudget& budget = *shared;
+  std::shared_ptr<PageBudget> budget = PageBudget::Create(2);
   const std::string* first = nullptr;
   {
-    std::optional<PageSlot> s = budget.TryAcquire();
+    std::optional<PageSlot> s = budget->TryAcquire();
     ASSERT_TRUE(s.has_value());
     s->buffer()->assign(1 << 20, 'x');
     first = s->buffer();
   }
-  EXPECT_EQ(budget.idle_buffers(), 1u);
-  std::optional<PageSlot> s = budget.TryAcquire();
+  EXPECT_EQ(budget->idle_buffers(), 1u);
+  std::optional<PageSlot> s = budget->TryAcquire();
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->buffer(), first);
   EXPECT_GE(s->buffer()->capacity(), size_t{1} << 20);
-  EXPECT_EQ(budget.idle_buffers(), 0u);
+  EXPECT_EQ(budget->idle_buffers(), 0u);
 }
 
 TEST(PageBudgetTest, AReturnedBufferServesTheNextSlotWhileTheFirstIsHeld) {
-  std::shared_ptr<PageBudget> shared = PageBudget::Create(2);
-  std::optional<PageSlot> a = shared->TryAcquire();
+  std::shared_ptr<PageBudget> budget = PageBudget::Create(2);
+  std::optional<PageSlot> a = budget->TryAcquire();
   ASSERT_TRUE(a.has_value());
   std::string* buffer = a->buffer();
   a->ReturnBuffer();  // parsed: the wire text is no longer needed
   EXPECT_TRUE(a->held());
-  std::optional<PageSlot> b = shared->TryAcquire();
+  std::optional<PageSlot> b = budget->TryAcquire();
   ASSERT_TRUE(b.has_value());
   EXPECT_EQ(b->buffer(), buffer);
-  EXPECT_EQ(shared->held(), 2u);
+  EXPECT_EQ(budget->held(), 2u);
 }
 
 TEST(PageBudgetTest, KeepsAtMostItsSlotsInIdleBuffers) {
-  std::shared_ptr<PageBudget> shared = PageBudget::Create(0);
-  PageBudget& budget = *shared;  // uncapped: keeps at most 2
+  std::shared_ptr<PageBudget> budget = PageBudget::Create(0);  // uncapped: keeps at most 2
   {
     std::vector<PageSlot> slots;
     for (int i = 0; i < 5; ++i) {
-      slots.push_back(*budget.TryAcquire());
+      slots.push_back(*budget->TryAcquire());
       slots.back().buffer();
     }
   }
-  EXPECT_EQ(budget.idle_buffers(), 2u);
+  EXPECT_EQ(budget->idle_buffers(), 2u);
 }
 
 TEST(PageBudgetTest, WaitersAreServedInArrivalOrderAndTryAcquireDoesNotJumpTheQueue) {
-  std::shared_ptr<PageBudget> shared = PageBudget::Create(1);
-  PageBudget& budget = *shared;
-  std::optional<PageSlot> holder = budget.TryAcquire();
+  std::shared_ptr<PageBudget> budget = PageBudget::Create(1);
+  std::optional<PageSlot> holder = budget->TryAcquire();
   ASSERT_TRUE(holder.has_value());
   absl::Mutex mu;
   std::vector<int> order;
   std::vector<std::thread> threads;
   for (int i = 0; i < 3; ++i) {
     threads.emplace_back([&, i] {
-      std::optional<PageSlot> s = budget.Acquire(Never);
+      std::optional<PageSlot> s = budget->Acquire(Never);
       ASSERT_TRUE(s.has_value());
       absl::MutexLock lock(&mu);
       order.push_back(i);
     });
-    AwaitWaiting(budget, static_cast<size_t>(i + 1));  // arrival order 0, 1, 2
+    AwaitWaiting(*budget, static_cast<size_t>(i + 1));  // arrival order 0, 1, 2
   }
   holder->Release();
   // The slot freed is the first waiter's: a TryAcquire right after (before or after that
   // waiter runs) must not take it.
-  EXPECT_FALSE(budget.TryAcquire().has_value());
+  EXPECT_FALSE(budget->TryAcquire().has_value());
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
-  EXPECT_EQ(budget.held(), 0u);
+  EXPECT_EQ(budget->held(), 0u);
 }
 
 TEST(PageBudgetTest, ACancelledWaiterLeavesTheQueueAndTheNextIsServed) {
-  std::shared_ptr<PageBudget> shared = PageBudget::Create(1);
-  PageBudget& budget = *shared;
-  std::optional<PageSlot> holder = budget.TryAcquire();
+  std::shared_ptr<PageBudget> budget = PageBudget::Create(1);
+  std::optional<PageSlot> holder = budget->TryAcquire();
   ASSERT_TRUE(holder.has_value());
   std::atomic<bool> cancel_first{false};
   std::optional<PageSlot> first_result;
   std::thread first([&] {
-    first_result = budget.Acquire([&] { return cancel_first.load(); });
+    first_result = budget->Acquire([&] { return cancel_first.load(); });
   });
-  AwaitWaiting(budget, 1);
+  AwaitWaiting(*budget, 1);
   absl::Notification second_done;
   std::thread second([&] {
-    std::optional<PageSlot> s = budget.Acquire(Never);
+    std::optional<PageSlot> s = budget->Acquire(Never);
     EXPECT_TRUE(s.has_value());
     second_done.Notify();
   });
-  AwaitWaiting(budget, 2);
+  AwaitWaiting(*budget, 2);
   cancel_first.store(true);
-  budget.WakeWaiters();
+  budget->WakeWaiters();
   first.join();
   EXPECT_FALSE(first_result.has_value());
-  EXPECT_EQ(budget.waiting(), 1u);  // the second still waits: no slot is free
+  EXPECT_EQ(budget->waiting(), 1u);  // the second still waits: no slot is free
   EXPECT_FALSE(second_done.HasBeenNotified());
   holder->Release();
   second.join();
@@ -176,14 +169,13 @@ TEST(PageBudgetTest, ASlotKeepsItsBudgetAlive) {
 }
 
 TEST(PageBudgetTest, ManyThreadsNeverHoldMoreThanTheCap) {
-  std::shared_ptr<PageBudget> shared = PageBudget::Create(3);
-  PageBudget& budget = *shared;
+  std::shared_ptr<PageBudget> budget = PageBudget::Create(3);
   std::atomic<int> inside{0}, most{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&] {
       for (int i = 0; i < 500; ++i) {
-        std::optional<PageSlot> s = budget.Acquire(Never);
+        std::optional<PageSlot> s = budget->Acquire(Never);
         ASSERT_TRUE(s.has_value());
         const int now = inside.fetch_add(1) + 1;
         int m = most.load();
@@ -195,8 +187,8 @@ TEST(PageBudgetTest, ManyThreadsNeverHoldMoreThanTheCap) {
   }
   for (std::thread& t : threads) t.join();
   EXPECT_LE(most.load(), 3);
-  EXPECT_LE(budget.peak_held(), 3u);
-  EXPECT_EQ(budget.held(), 0u);
+  EXPECT_LE(budget->peak_held(), 3u);
+  EXPECT_EQ(budget->held(), 0u);
 }
 
 }  // namespace

@@ -134,7 +134,10 @@ absl::Status Server::Build() {
   logger_->Info("database open",
                 {{"path", store_options.path},
                  {"memory_ceiling_mib",
-                  absl::StrCat(store::StoreMemoryCeiling(store_options) >> 20)}});
+                  absl::StrCat(store::StoreMemoryCeiling(store_options) >> 20)},
+                 {"page_slots", options_.factories.page_budget != nullptr
+                                    ? absl::StrCat(options_.factories.page_budget->slots())
+                                    : "uncapped"}});
 
   registry_ = std::make_shared<prometheus::Registry>();
   metrics_observer_ = std::make_unique<MetricsObserver>(registry_.get());

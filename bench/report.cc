@@ -134,9 +134,10 @@ MemoryFit FitMemory(const json& raw) {
 std::string BoundFormula() {
   return absl::StrFormat(
       "peak RSS <= R0 + storage ceiling + S x T + b x (%.2f x P + %.1f x polling sources + "
-      "%.2f x SSE sources + %.1f x min(S, %d) + %.0f)",
+      "%.2f x SSE sources + %.2f x W + %.1f x min(S, %d) + %.0f)",
       consumer::SlotPageFactor(), consumer::BudgetedPollSourcePageFactor(),
-      consumer::BudgetedSseSourcePageFactor(), consumer::kDomBytesPerWireByte,
+      consumer::BudgetedSseSourcePageFactor(), consumer::WaitingSourcePageFactor(),
+      consumer::kDomBytesPerWireByte,
       static_cast<int>(consumer::kDomParsers), consumer::BudgetedProcessPageFactor());
 }
 
@@ -387,7 +388,9 @@ absl::Status WriteReport(const Results& res, const std::string& out_dir) {
       "buffer 2b and a parsed page 3.25b (the page being committed, the prefetched one, "
       "the SSE-queued ones, the deleter's). Per polling source the step's batch 1.5b; per "
       "SSE source its stream buffers 3b, the page it parsed waiting for a slot 3.25b and "
-      "the batch. Per process the shared simdjson parsers' DOM allocations, 13.7b each, "
+      "the batch. W, sources waiting with a page (blocked on a hold or a retry; 0 in these "
+      "runs): such a page gives its slot back and keeps its 3.25b. Per process the shared "
+      "simdjson parsers' DOM allocations, 13.7b each, "
       "one per source up to 8, and the row pool's 32 pages. The rows and encoded-rows "
       "factors are asserted by `page_parser_test` over the worst item shapes.\n\n";
   if (bound.ok()) {

@@ -12,6 +12,8 @@ double BudgetedSseSourcePageFactor() {
   return kSseStreamBytesPerWireByte + kParsedPageBytesPerWireByte + kStepBatchBytesPerWireByte;
 }
 
+double WaitingSourcePageFactor() { return kParsedPageBytesPerWireByte; }
+
 double BudgetedProcessPageFactor() { return kPooledRowPages * kRowBytesPerWireByte; }
 
 double PollSourcePageFactor() {
@@ -36,6 +38,7 @@ double PageMemoryBound(const PageMemoryInputs& in) {
     return static_cast<double>(in.largest_page_bytes) *
            (in.page_slots * SlotPageFactor() + in.poll_sources * BudgetedPollSourcePageFactor() +
             in.sse_sources * BudgetedSseSourcePageFactor() +
+            in.waiting_sources * WaitingSourcePageFactor() +
             DomPageFactor(in.poll_sources + in.sse_sources) + BudgetedProcessPageFactor());
   }
   return static_cast<double>(in.largest_page_bytes) *

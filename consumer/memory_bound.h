@@ -14,6 +14,9 @@
 //   per SSE source                   7.75 b   stream buffers (line, data, frame) 3 b,
 //                                             the parsed page waiting for room or a
 //                                             slot 3.25 b, the step's WriteBatch 1.5 b
+//   per source waiting with a page  3.25 b   an attempt blocked on a hold or waiting
+//     (W)                                     for a retry gives its slot back (it may
+//                                             wait for hours) and keeps its page
 //   per process: the simdjson DOMs of the shared parsers, 13.7 b each (tape 8, strings
 //   5/3, index 4), min(sources, kDomParsers) of them; the RowPool's pages of recycled
 //   rows (2 b each). The deleter's queued pages hold slots: counted in P.
@@ -71,6 +74,8 @@ struct PageMemoryInputs {
   size_t sse_buffered_pages = 2;
   // Slots of the PageBudget every source shares; 0: no shared budget.
   size_t page_slots = 0;
+  // Sources waiting with a page (blocked on a hold, or waiting to retry); with a budget.
+  size_t waiting_sources = 0;
 };
 
 // Bytes held per byte of the largest page, with a shared PageBudget: by one slot, one
@@ -78,6 +83,7 @@ struct PageMemoryInputs {
 double SlotPageFactor();
 double BudgetedPollSourcePageFactor();
 double BudgetedSseSourcePageFactor();
+double WaitingSourcePageFactor();
 double BudgetedProcessPageFactor();
 // The same without a budget: one polling source, one SSE source buffering
 // `sse_buffered_pages`, the process-wide holders but the parsers.

@@ -156,6 +156,11 @@ class PageAttempt {
   // The last checkpoint this attempt knows to be durable.
   const store::CheckpointRecord& checkpoint() const { return checkpoint_; }
   const Page& page() const { return page_; }
+  // Gives the page's PageBudget slot back, keeping the page: an attempt waiting for an
+  // operator (a hold) or a retry may wait for hours, and must not take a slot that
+  // other sources need to fetch. Its memory is then a term of its own in the bound
+  // (consumer/memory_bound.h: sources waiting with a page).
+  void ReleasePageSlot() { page_.slot.Release(); }
 
  private:
   enum class SlotState { kPending, kTerminal, kHeld, kRetrying };

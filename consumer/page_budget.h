@@ -17,7 +17,9 @@
 //  - A caller never waits for a slot while holding one it could only give back after the
 //    wait (the provider acquires for its own Fetch only when it holds none, and only
 //    ever tries for a prefetch): every slot is released by something that does not wait
-//    for the budget, so there is no deadlock.
+//    for the budget, so there is no deadlock. And no slot is held for an unbounded
+//    time: a page whose attempt waits for an operator's hold or a retry gives its slot
+//    back (PageAttempt::ReleasePageSlot) and keeps its memory.
 //  - Idle receive buffers kept for reuse: at most max(slots, 2), so the budget's own
 //    memory is bounded by what its slots may hold.
 //

@@ -346,6 +346,7 @@ bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
         Halt(handoff::v1::SOURCE_STATE_STORAGE_FAILED, r.detail, r.status);
         return false;
       case Kind::kBlockedOnHold:
+        attempt->ReleasePageSlot();  // an operator may take hours
         PublishCheckpoint(stage, attempt->checkpoint());
         if (stage == store::Stage::kIngest) {
           SetState(handoff::v1::SOURCE_STATE_BLOCKED_ON_HOLD, r.detail);
@@ -354,6 +355,7 @@ bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
         if (stage == store::Stage::kIngest) SetState(handoff::v1::SOURCE_STATE_RUNNING, "");
         break;
       case Kind::kRetryLater:
+        attempt->ReleasePageSlot();  // the backoff may last minutes
         PublishCheckpoint(stage, attempt->checkpoint());
         if (stage == store::Stage::kIngest) {
           SetState(handoff::v1::SOURCE_STATE_BACKING_OFF, r.detail, r.retry_at);

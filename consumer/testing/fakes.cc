@@ -76,7 +76,16 @@ FetchResult FakeProvider::Fetch(const std::string& cursor) {
     empty.next = cursor;
     return FetchResult::Of(std::move(empty));
   }
-  return FetchResult::Of(CopyOfPage(it->second));
+  Page page = CopyOfPage(it->second);
+  if (budget_ != nullptr) {
+    if (std::optional<PageSlot> slot = budget_->TryAcquire()) page.slot = *std::move(slot);
+  }
+  return FetchResult::Of(std::move(page));
+}
+
+void FakeProvider::set_page_budget(std::shared_ptr<PageBudget> budget) {
+  absl::MutexLock lock(&mu_);
+  budget_ = std::move(budget);
 }
 
 int FakeProvider::fetches() const {

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "consumer/page.h"
+#include "consumer/page_budget.h"
 #include "consumer/provider.h"
 #include "consumer/sink.h"
 #include "store/store.h"
@@ -42,9 +44,13 @@ class FakeProvider : public Provider {
   void Close() override {}
   int fetches() const ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<std::string> requested() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Pages fetched from now on carry a slot of `budget` when one is free (as the
+  // production adapter's do; it would wait for one).
+  void set_page_budget(std::shared_ptr<PageBudget> budget) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   mutable absl::Mutex mu_;
+  std::shared_ptr<PageBudget> budget_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Page> pages_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::pair<Refusal, int>> refusals_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> requested_ ABSL_GUARDED_BY(mu_);

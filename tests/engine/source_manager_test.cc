@@ -281,6 +281,21 @@ TEST_F(ManagerTest, ResolvingAHoldUnblocksAWaitingWorkerAtOnce) {
   EXPECT_EQ(manager_->ResolveHold(r, "alice").status().code(), absl::StatusCode::kNotFound);
 }
 
+// A worker blocked on a hold may wait for hours: its page gives its PageBudget slot back,
+// so that the other sources can still fetch (with one slot, they could not otherwise).
+TEST_F(ManagerTest, AWorkerBlockedOnAHoldHoldsNoPageSlot) {
+  std::shared_ptr<consumer::PageBudget> budget = consumer::PageBudget::Create(1);
+  providers_["h"].set_page_budget(budget);
+  ASSERT_NO_FATAL_FAILURE(BlockOnAReviewHoldAt101());
+  EXPECT_EQ(budget->peak_held(), 1u);  // the page was fetched under the slot
+  EXPECT_EQ(budget->held(), 0u);       // and gave it back when the worker blocked
+  EXPECT_TRUE(budget->TryAcquire().has_value());
+  ASSERT_TRUE(manager_->ResolveHold(QuarantineTheHoldAt101(), "alice").ok());
+  ASSERT_TRUE(WaitFor("h", [](const handoff::v1::Progress& pr) {
+    return pr.checkpoint().resume_cursor() == "c1";
+  }));
+}
+
 // Regression: the worker rereads a blocked event's outcome and hold in two scans; a
 // resolution committed between them (terminal row written, hold deleted) must not look
 // like "neither", i.e. like a RETRY that delivers the event again after the operator's

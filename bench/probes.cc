@@ -266,6 +266,7 @@ class CountingProvider final : public consumer::Provider {
   }
   void Cancel() override { inner_->Cancel(); }
   void Close() override { inner_->Close(); }
+  void DropReadAhead() override { inner_->DropReadAhead(); }
 
  private:
   std::unique_ptr<consumer::Provider> inner_;

@@ -19,7 +19,8 @@
 //    ever tries for a prefetch): every slot is released by something that does not wait
 //    for the budget, so there is no deadlock. And no slot is held for an unbounded
 //    time: a page whose attempt waits for an operator's hold or a retry gives its slot
-//    back (PageAttempt::ReleasePageSlot) and keeps its memory.
+//    back (PageAttempt::ReleasePageSlot) and keeps its memory, and the pages its source
+//    fetched ahead are dropped (Provider::DropReadAhead).
 //  - Idle receive buffers kept for reuse: at most max(slots, 2), so the budget's own
 //    memory is bounded by what its slots may hold.
 //

@@ -93,6 +93,12 @@ class Provider {
   // Drops any open connection (after a storage failure, or before reconnecting).
   // The next Fetch reconnects from the cursor it is given.
   virtual void Close() = 0;
+
+  // Discards the pages fetched ahead of the engine (a prefetch, SSE-buffered pages) and
+  // stops fetching ahead until the next Fetch: the worker is about to wait a long time
+  // (an operator's hold, a retry), and those pages would hold PageBudget slots that
+  // other sources need. Called on the Fetch thread. The next Fetch asks again.
+  virtual void DropReadAhead() {}
 };
 
 }  // namespace handoff::consumer

@@ -347,6 +347,7 @@ bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
         return false;
       case Kind::kBlockedOnHold:
         attempt->ReleasePageSlot();  // an operator may take hours
+        if (stage == store::Stage::kIngest) parts_.provider->DropReadAhead();
         PublishCheckpoint(stage, attempt->checkpoint());
         if (stage == store::Stage::kIngest) {
           SetState(handoff::v1::SOURCE_STATE_BLOCKED_ON_HOLD, r.detail);
@@ -356,6 +357,7 @@ bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
         break;
       case Kind::kRetryLater:
         attempt->ReleasePageSlot();  // the backoff may last minutes
+        if (stage == store::Stage::kIngest) parts_.provider->DropReadAhead();
         PublishCheckpoint(stage, attempt->checkpoint());
         if (stage == store::Stage::kIngest) {
           SetState(handoff::v1::SOURCE_STATE_BACKING_OFF, r.detail, r.retry_at);

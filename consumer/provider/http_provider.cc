@@ -277,6 +277,19 @@ void HttpProvider::Close() {
   StopReader();
 }
 
+void HttpProvider::DropReadAhead() {
+  if (options_.transport == handoff::v1::TRANSPORT_SSE) {
+    absl::MutexLock lock(&lifecycle_mu_);
+    StopReader();
+    return;
+  }
+  if (!prefetch_.busy()) return;
+  stop_prefetch_.store(true);
+  WakeTransfers();
+  prefetch_.Wait();
+  prefetch_result_.reset();  // its page, and the page's slot
+}
+
 // ----- polling -------------------------------------------------------------------------
 
 namespace {

@@ -136,6 +136,9 @@ class HttpProvider : public Provider {
   bool Ready(const std::string& committed_cursor) override;
   void Cancel() override;
   void Close() override;
+  // Polling: ends a prefetch in flight and drops its page. SSE: closes the stream and
+  // drops the buffered pages (the next Fetch reconnects from its cursor).
+  void DropReadAhead() override;
 
  private:
   struct StreamItem {

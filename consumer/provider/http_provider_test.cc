@@ -324,6 +324,30 @@ TEST_F(HttpProviderTest, CancelEndsAFetchWaitingForAPageSlot) {
   }
 }
 
+// A worker about to wait long (a hold, a retry) drops what was fetched ahead, so that no
+// slot is held for the length of the wait; the next Fetch asks again.
+TEST_F(HttpProviderTest, DropReadAheadGivesBackTheSlotsOfPagesFetchedAhead) {
+  for (handoff::v1::Transport t : {handoff::v1::TRANSPORT_POLL, handoff::v1::TRANSPORT_SSE}) {
+    SCOPED_TRACE(t);
+    std::shared_ptr<PageBudget> budget = PageBudget::Create(8);
+    HttpProviderOptions o = Options(t);
+    o.page_budget = budget;
+    auto p = Make(std::move(o));
+    std::optional<Page> first = ExpectPage(p->Fetch("0"));
+    // The prefetch, or the stream's buffered pages, take slots beside the page's.
+    while (budget->held() < 2) std::this_thread::yield();
+    p->DropReadAhead();
+    EXPECT_EQ(budget->held(), 1u);  // the engine's page only
+    const std::string next = first->next;
+    const uint64_t from = first->through->number + 1;
+    first.reset();
+    EXPECT_EQ(budget->held(), 0u);
+    Page second = ExpectPage(p->Fetch(next));
+    EXPECT_EQ(second.from, from);
+    EXPECT_TRUE(second.slot.held());
+  }
+}
+
 TEST_F(HttpProviderTest, SseQueuesPagesOnlyUnderPageSlots) {
   std::shared_ptr<PageBudget> budget = PageBudget::Create(1);
   HttpProviderOptions o = Options(handoff::v1::TRANSPORT_SSE);

@@ -42,6 +42,8 @@ class FakeProvider : public Provider {
   FetchResult Fetch(const std::string& committed_cursor) override ABSL_LOCKS_EXCLUDED(mu_);
   void Cancel() override { cancelled_.store(true); }
   void Close() override {}
+  void DropReadAhead() override { read_ahead_drops_.fetch_add(1); }
+  int read_ahead_drops() const { return read_ahead_drops_.load(); }
   int fetches() const ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<std::string> requested() const ABSL_LOCKS_EXCLUDED(mu_);
   // Pages fetched from now on carry a slot of `budget` when one is free (as the
@@ -55,6 +57,7 @@ class FakeProvider : public Provider {
   std::map<std::string, std::pair<Refusal, int>> refusals_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> requested_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> cancelled_{false};
+  std::atomic<int> read_ahead_drops_{0};
 };
 
 // Forwards to a provider that outlives a simulated process restart (the upstream
@@ -69,6 +72,7 @@ class ForwardingProvider : public Provider {
   }
   void Cancel() override { cancelled_.store(true); }
   void Close() override {}
+  void DropReadAhead() override { target_->DropReadAhead(); }
 
  private:
   Provider* const target_;

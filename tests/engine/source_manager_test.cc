@@ -289,6 +289,7 @@ TEST_F(ManagerTest, AWorkerBlockedOnAHoldHoldsNoPageSlot) {
   ASSERT_NO_FATAL_FAILURE(BlockOnAReviewHoldAt101());
   EXPECT_EQ(budget->peak_held(), 1u);  // the page was fetched under the slot
   EXPECT_EQ(budget->held(), 0u);       // and gave it back when the worker blocked
+  EXPECT_EQ(providers_["h"].read_ahead_drops(), 1);  // so did the pages fetched ahead
   EXPECT_TRUE(budget->TryAcquire().has_value());
   ASSERT_TRUE(manager_->ResolveHold(QuarantineTheHoldAt101(), "alice").ok());
   ASSERT_TRUE(WaitFor("h", [](const handoff::v1::Progress& pr) {

@@ -83,6 +83,7 @@ class RecordingProvider : public consumer::Provider {
   }
   void Cancel() override { inner_->Cancel(); }
   void Close() override { inner_->Close(); }
+  void DropReadAhead() override { inner_->DropReadAhead(); }
 
  private:
   std::unique_ptr<consumer::Provider> inner_;

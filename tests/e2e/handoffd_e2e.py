@@ -250,6 +250,9 @@ def check_metrics(server, source_id):
             "handoff_store_healthy 1",
             "handoff_store_memtable_bytes ",
             "handoff_store_block_cache_bytes ",
+            "handoff_page_slots 5",  # --max_pages_in_flight of the "plain" server
+            "handoff_page_slots_held 0",  # the source is stopped: its pages are released
+            "handoff_page_slot_waiters 0",
             'handoff_source_state{source="%s",state="SOURCE_STATE_STOPPED"} 1' % source_id,
             'handoff_events_applied_total{source="%s"} 0' % source_id,
             'handoff_lag_blocks{source="%s"}' % source_id,
@@ -260,11 +263,13 @@ def check_metrics(server, source_id):
 
 def check_storage_flags(binary, workdir, data_dir):
     for flag, message in (("--write_buffer_mb=2", "--write_buffer_mb=2 is outside 4..1024"),
-                          ("--block_cache_mb=0", "--block_cache_mb=0 is outside 8..65536")):
+                          ("--block_cache_mb=0", "--block_cache_mb=0 is outside 8..65536"),
+                          ("--max_pages_in_flight=0",
+                           "--max_pages_in_flight=0 is outside 1..4096")):
         out = subprocess.run([binary, "--data_dir=" + data_dir, "--insecure_disable_auth", flag],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
         assert out.returncode != 0 and message in out.stdout.decode(), out.stdout.decode()
-    log("ok - storage flags out of range refused at start")
+    log("ok - storage and page-budget flags out of range refused at start")
 
 
 def check_json_logs(server):
@@ -281,7 +286,8 @@ def phase_plain(binary, workdir, data_dir):
 
     check_storage_flags(binary, workdir, data_dir)
     server = Handoffd(binary, workdir, "plain", data_dir,
-                      ["--insecure_disable_auth", "--write_buffer_mb=16", "--block_cache_mb=32"])
+                      ["--insecure_disable_auth", "--write_buffer_mb=16", "--block_cache_mb=32",
+                       "--max_pages_in_flight=5"])
     try:
         # The storage flags reach the database: its memory ceiling (store.h) is
         # 3 x 2 x (16 + 2 + 1) MiB of per-event memtables, 6 x 2 x (4 + 0.5 + 1) MiB of
@@ -289,6 +295,7 @@ def phase_plain(binary, workdir, data_dir):
         opened = [json.loads(line) for line in server.log().splitlines()
                   if '"database open"' in line]
         assert opened and opened[0].get("memory_ceiling_mib") == "212", server.log()
+        assert opened[0].get("page_slots") == "5", server.log()  # --max_pages_in_flight
         client = Client(grpc.insecure_channel(server.target))
         assert client.health_status("") == health_pb2.HealthCheckResponse.SERVING
         assert client.health_status("handoff.v1.ConsumerAdmin") == \

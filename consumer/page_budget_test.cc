@@ -109,20 +109,25 @@ TEST(PageBudgetTest, WaitersAreServedInArrivalOrderAndTryAcquireDoesNotJumpTheQu
   ASSERT_TRUE(holder.has_value());
   absl::Mutex mu;
   std::vector<int> order;
+  absl::Notification let_go;  // each waiter keeps its slot until then
   std::vector<std::thread> threads;
   for (int i = 0; i < 3; ++i) {
     threads.emplace_back([&, i] {
       std::optional<PageSlot> s = budget->Acquire(Never);
       ASSERT_TRUE(s.has_value());
-      absl::MutexLock lock(&mu);
-      order.push_back(i);
+      {
+        absl::MutexLock lock(&mu);
+        order.push_back(i);
+      }
+      let_go.WaitForNotification();
     });
     AwaitWaiting(*budget, static_cast<size_t>(i + 1));  // arrival order 0, 1, 2
   }
   holder->Release();
-  // The slot freed is the first waiter's: a TryAcquire right after (before or after that
-  // waiter runs) must not take it.
+  // The slot freed is the first waiter's, whether it has run yet or not: a TryAcquire
+  // must not take it.
   EXPECT_FALSE(budget->TryAcquire().has_value());
+  let_go.Notify();
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
   EXPECT_EQ(budget->held(), 0u);

@@ -12,8 +12,8 @@
 // Invariants:
 //  - At most `slots` PageSlots are alive at once (0: no cap, slots are only counted).
 //  - Waiters are served first come, first served: Acquire never lets a later caller
-//    (nor TryAcquire) take a slot while an earlier Acquire waits, so a source waits for
-//    at most `slots` releases of the sources ahead of it, never forever.
+//    (nor TryAcquire) take a slot while an earlier Acquire waits, so a source waits only
+//    for the callers ahead of it in line to be served, never forever.
 //  - A caller never waits for a slot while holding one it could only give back after the
 //    wait (the provider acquires for its own Fetch only when it holds none, and only
 //    ever tries for a prefetch): every slot is released by something that does not wait

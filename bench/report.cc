@@ -135,10 +135,10 @@ std::string BoundFormula() {
   return absl::StrFormat(
       "peak RSS <= R0 + storage ceiling + S x T + b x (%.2f x P + %.1f x polling sources + "
       "%.2f x SSE sources + %.2f x W + %.1f x min(S, %d) + %.0f)",
-      consumer::SlotPageFactor(), consumer::BudgetedPollSourcePageFactor(),
-      consumer::BudgetedSseSourcePageFactor(), consumer::WaitingSourcePageFactor(),
+      consumer::SlotPageFactor(), consumer::PollSourcePageFactor(),
+      consumer::SseSourcePageFactor(), consumer::WaitingSourcePageFactor(),
       consumer::kDomBytesPerWireByte,
-      static_cast<int>(consumer::kDomParsers), consumer::BudgetedProcessPageFactor());
+      static_cast<int>(consumer::kDomParsers), consumer::ProcessPageFactor());
 }
 
 // The memory bound of every ingest run (consumer/memory_bound.h, store.h):

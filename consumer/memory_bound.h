@@ -21,15 +21,8 @@
 //   5/3, index 4), min(sources, kDomParsers) of them; the RowPool's pages of recycled
 //   rows (2 b each). The deleter's queued pages hold slots: counted in P.
 //
-// Without a budget (P = 0: each provider its own, uncapped; tests), pages are per source:
-//
-//   per polling source                       per SSE source
-//   body buffer                      2 b     stream buffers (line, data, frame)  3 b
-//   the page being committed and     6.5 b   the page being committed and the    3.25 b
-//     the prefetched one, each rows            buffered ones (sse_buffered_pages)  x (1 + n)
-//     2 b + encoded rows 1.25 b
-//   the step's WriteBatch            1.5 b   the step's WriteBatch               1.5 b
-//   and per process the deleter's queue of finished pages (3.25 b each) besides.
+// A provider built without the shared budget (tests) is not bounded by this formula:
+// handoffd always has one (--max_pages_in_flight).
 //
 // The rows and encoded-rows factors are asserted by page_parser_test
 // (PageMemoryIsBoundedByItsWireBytes) over the smallest legal item, four topics and long
@@ -58,7 +51,8 @@ inline constexpr double kStepBatchBytesPerWireByte = 1.5;
 inline constexpr double kPollBodyBytesPerWireByte = 2.0;
 inline constexpr double kSseStreamBytesPerWireByte = 3.0;
 
-// Pages the process-wide holders keep (RowPool::Default(), SourceManager's deleter).
+// Pages the process-wide holders keep: RowPool::Default()'s recycled rows, and
+// SourceManager's deleter's queue (its pages hold slots: no term of their own).
 inline constexpr size_t kPooledRowPages = 32;
 inline constexpr size_t kDeleterPages = 4;
 // simdjson parsers the process shares (PageParser's pool): the DOMs of at most this
@@ -70,25 +64,19 @@ struct PageMemoryInputs {
   size_t sse_sources = 0;
   // The largest page body (or SSE frame data) any source receives, in bytes.
   size_t largest_page_bytes = 0;
-  // HttpProviderOptions::sse_buffered_pages (its default here too).
-  size_t sse_buffered_pages = 2;
-  // Slots of the PageBudget every source shares; 0: no shared budget.
+  // Slots of the PageBudget every source shares (--max_pages_in_flight).
   size_t page_slots = 0;
-  // Sources waiting with a page (blocked on a hold, or waiting to retry); with a budget.
+  // Sources waiting with a page (blocked on a hold, or waiting to retry).
   size_t waiting_sources = 0;
 };
 
-// Bytes held per byte of the largest page, with a shared PageBudget: by one slot, one
-// polling source, one SSE source, and the process-wide holders but the parsers and slots.
+// Bytes held per byte of the largest page: by one slot, one polling source, one SSE
+// source, one source waiting with a page, and the process-wide holders but the parsers
+// and slots.
 double SlotPageFactor();
-double BudgetedPollSourcePageFactor();
-double BudgetedSseSourcePageFactor();
-double WaitingSourcePageFactor();
-double BudgetedProcessPageFactor();
-// The same without a budget: one polling source, one SSE source buffering
-// `sse_buffered_pages`, the process-wide holders but the parsers.
 double PollSourcePageFactor();
-double SseSourcePageFactor(size_t sse_buffered_pages);
+double SseSourcePageFactor();
+double WaitingSourcePageFactor();
 double ProcessPageFactor();
 // Bytes held by the shared parsers' DOMs per byte of the largest page, with `sources`
 // sources running.

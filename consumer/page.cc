@@ -6,17 +6,7 @@ namespace handoff::consumer {
 
 Page CopyOfPage(const Page& page) {
   Page copy;
-  copy.from = page.from;
-  copy.through = page.through;
-  copy.next = page.next;
-  copy.reorg = page.reorg;
-  copy.safe = page.safe;
-  copy.finalized = page.finalized;
-  copy.tip = page.tip;
-  copy.items = page.items;
-  copy.wire_bytes = page.wire_bytes;
-  copy.row_bytes = page.row_bytes;
-  copy.row_ends = page.row_ends;
+  static_cast<PageContents&>(copy) = page;
   return copy;
 }
 

@@ -23,7 +23,8 @@ struct BlockMarkValue {
   std::string hash;
 };
 
-struct Page {
+// Everything a page carries but its budget slot (copyable).
+struct PageContents {
   // First block this page covers (decimal on the wire).
   uint64_t from = 0;
   // Last block covered; absent (null) on an empty page that covers nothing.
@@ -47,10 +48,6 @@ struct Page {
   std::string row_bytes;
   std::vector<size_t> row_ends;
 
-  // The PageBudget slot this page was fetched under, released with the page (empty for
-  // a page built without a budget). Makes Page move-only.
-  PageSlot slot;
-
   // The stored-row bytes of item i, or an empty view when row_bytes is not filled.
   absl::string_view EncodedItem(size_t i) const {
     if (row_ends.size() != items.size() || i >= row_ends.size()) return {};
@@ -64,6 +61,12 @@ struct Page {
   bool NothingNewAfter(absl::string_view request_cursor) const {
     return items.empty() && next == request_cursor;
   }
+};
+
+struct Page : PageContents {
+  // The PageBudget slot this page was fetched under, released with the page (empty for
+  // a page built without a budget). Makes Page move-only.
+  PageSlot slot;
 };
 
 // A copy of `page`'s contents without its slot (a copy is not a fetched page: the budget

@@ -346,25 +346,25 @@ bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
         Halt(handoff::v1::SOURCE_STATE_STORAGE_FAILED, r.detail, r.status);
         return false;
       case Kind::kBlockedOnHold:
-        attempt->ReleasePageSlot();  // an operator may take hours
-        if (stage == store::Stage::kIngest) parts_.provider->DropReadAhead();
+      case Kind::kRetryLater: {
+        // The wait may last hours (an operator's hold) or minutes (a backoff): the page
+        // gives its PageBudget slot back and what was fetched ahead is dropped, so that
+        // no slot is held for the wait.
+        const bool hold = r.kind == Kind::kBlockedOnHold;
+        const bool ingest = stage == store::Stage::kIngest;
+        const absl::Time until = hold ? absl::InfiniteFuture() : r.retry_at;
+        attempt->ReleasePageSlot();
+        if (ingest) parts_.provider->DropReadAhead();
         PublishCheckpoint(stage, attempt->checkpoint());
-        if (stage == store::Stage::kIngest) {
-          SetState(handoff::v1::SOURCE_STATE_BLOCKED_ON_HOLD, r.detail);
+        if (ingest) {
+          SetState(hold ? handoff::v1::SOURCE_STATE_BLOCKED_ON_HOLD
+                        : handoff::v1::SOURCE_STATE_BACKING_OFF,
+                   r.detail, hold ? absl::InfinitePast() : r.retry_at);
         }
-        if (WaitUntil(absl::InfiniteFuture(), poked) == Wake::kStopped) return false;
-        if (stage == store::Stage::kIngest) SetState(handoff::v1::SOURCE_STATE_RUNNING, "");
+        if (WaitUntil(until, poked) == Wake::kStopped) return false;
+        if (ingest) SetState(handoff::v1::SOURCE_STATE_RUNNING, "");
         break;
-      case Kind::kRetryLater:
-        attempt->ReleasePageSlot();  // the backoff may last minutes
-        if (stage == store::Stage::kIngest) parts_.provider->DropReadAhead();
-        PublishCheckpoint(stage, attempt->checkpoint());
-        if (stage == store::Stage::kIngest) {
-          SetState(handoff::v1::SOURCE_STATE_BACKING_OFF, r.detail, r.retry_at);
-        }
-        if (WaitUntil(r.retry_at, poked) == Wake::kStopped) return false;
-        if (stage == store::Stage::kIngest) SetState(handoff::v1::SOURCE_STATE_RUNNING, "");
-        break;
+      }
     }
   }
 }

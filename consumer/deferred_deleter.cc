@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "consumer/thread_priority.h"
+#include "base/thread_priority.h"
 
 namespace handoff::consumer {
 

@@ -27,7 +27,7 @@ namespace handoff::consumer {
 
 class DeferredDeleter {
  public:
-  // The thread runs `thread_nice` above its creator's nice value (thread_priority.h):
+  // The thread runs `thread_nice` above its creator's nice value (base/thread_priority.h):
   // freeing memory is data-plane work.
   explicit DeferredDeleter(size_t max_pending, int thread_nice = 0);
   ~DeferredDeleter();

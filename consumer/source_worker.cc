@@ -11,7 +11,7 @@
 #include "base/thread_name.h"
 #include "consumer/fault_points.h"
 #include "consumer/outcome_policy.h"
-#include "consumer/thread_priority.h"
+#include "base/thread_priority.h"
 #include "store/row_codec.h"
 
 namespace handoff::consumer {

@@ -65,6 +65,7 @@ absl::StatusOr<Caller> AdminService::Admit(const grpc::ServerContext& context,
 grpc::Status AdminService::CreateSource(grpc::ServerContext* context,
                                         const handoff::v1::CreateSourceRequest* request,
                                         Source* response) {
+  const AdminCallScheduling::Scope scheduling = options_.call_scheduling.OtherCall();
   absl::StatusOr<Caller> caller = Admit(*context, Permission::kOperate, "CreateSource");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   return Reply(manager_->CreateSource(*request), response);
@@ -73,6 +74,7 @@ grpc::Status AdminService::CreateSource(grpc::ServerContext* context,
 grpc::Status AdminService::StartSource(grpc::ServerContext* context,
                                        const handoff::v1::StartSourceRequest* request,
                                        Source* response) {
+  const AdminCallScheduling::Scope scheduling = options_.call_scheduling.OtherCall();
   absl::StatusOr<Caller> caller = Admit(*context, Permission::kOperate, "StartSource");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   return Reply(manager_->StartSource(request->source_id()), response);
@@ -81,6 +83,7 @@ grpc::Status AdminService::StartSource(grpc::ServerContext* context,
 grpc::Status AdminService::StopSource(grpc::ServerContext* context,
                                       const handoff::v1::StopSourceRequest* request,
                                       Source* response) {
+  const AdminCallScheduling::Scope scheduling = options_.call_scheduling.OtherCall();
   absl::StatusOr<Caller> caller = Admit(*context, Permission::kOperate, "StopSource");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   return Reply(manager_->StopSource(request->source_id()), response);
@@ -89,6 +92,7 @@ grpc::Status AdminService::StopSource(grpc::ServerContext* context,
 grpc::Status AdminService::DeleteSource(grpc::ServerContext* context,
                                         const handoff::v1::DeleteSourceRequest* request,
                                         handoff::v1::DeleteSourceResponse* response) {
+  const AdminCallScheduling::Scope scheduling = options_.call_scheduling.OtherCall();
   absl::StatusOr<Caller> caller = Admit(*context, Permission::kOperate, "DeleteSource");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   return ToGrpcStatus(manager_->DeleteSource(request->source_id()));
@@ -97,6 +101,7 @@ grpc::Status AdminService::DeleteSource(grpc::ServerContext* context,
 grpc::Status AdminService::GetSource(grpc::ServerContext* context,
                                      const handoff::v1::GetSourceRequest* request,
                                      Source* response) {
+  const AdminCallScheduling::Scope scheduling = options_.call_scheduling.PointRead();
   absl::StatusOr<Caller> caller = Admit(*context, Permission::kRead, "GetSource");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   grpc::Status status = Reply(manager_->GetSource(request->source_id()), response);
@@ -107,6 +112,7 @@ grpc::Status AdminService::GetSource(grpc::ServerContext* context,
 grpc::Status AdminService::ListSources(grpc::ServerContext* context,
                                        const handoff::v1::ListSourcesRequest* request,
                                        handoff::v1::ListSourcesResponse* response) {
+  const AdminCallScheduling::Scope scheduling = options_.call_scheduling.OtherCall();
   absl::StatusOr<Caller> caller = Admit(*context, Permission::kRead, "ListSources");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   grpc::Status status = Reply(manager_->ListSources(*request), response);
@@ -119,6 +125,7 @@ grpc::Status AdminService::ListSources(grpc::ServerContext* context,
 grpc::Status AdminService::GetProgress(grpc::ServerContext* context,
                                        const handoff::v1::GetProgressRequest* request,
                                        Progress* response) {
+  const AdminCallScheduling::Scope scheduling = options_.call_scheduling.PointRead();
   absl::StatusOr<Caller> caller = Admit(*context, Permission::kRead, "GetProgress");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   grpc::Status status = Reply(manager_->GetProgress(request->source_id()), response);
@@ -129,6 +136,7 @@ grpc::Status AdminService::GetProgress(grpc::ServerContext* context,
 grpc::Status AdminService::WatchProgress(grpc::ServerContext* context,
                                          const handoff::v1::WatchProgressRequest* request,
                                          grpc::ServerWriter<Progress>* writer) {
+  const AdminCallScheduling::Scope scheduling = options_.call_scheduling.OtherCall();
   absl::StatusOr<Caller> caller = Admit(*context, Permission::kRead, "WatchProgress");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   const WatcherSlot slot(&watchers_);
@@ -170,6 +178,7 @@ grpc::Status AdminService::WatchProgress(grpc::ServerContext* context,
 grpc::Status AdminService::ListHolds(grpc::ServerContext* context,
                                      const handoff::v1::ListHoldsRequest* request,
                                      handoff::v1::ListHoldsResponse* response) {
+  const AdminCallScheduling::Scope scheduling = options_.call_scheduling.OtherCall();
   absl::StatusOr<Caller> caller = Admit(*context, Permission::kRead, "ListHolds");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   return Reply(manager_->ListHolds(*request), response);
@@ -178,6 +187,7 @@ grpc::Status AdminService::ListHolds(grpc::ServerContext* context,
 grpc::Status AdminService::GetHold(grpc::ServerContext* context,
                                    const handoff::v1::GetHoldRequest* request,
                                    handoff::v1::Hold* response) {
+  const AdminCallScheduling::Scope scheduling = options_.call_scheduling.PointRead();
   absl::StatusOr<Caller> caller = Admit(*context, Permission::kRead, "GetHold");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   return Reply(manager_->GetHold(*request), response);
@@ -186,6 +196,7 @@ grpc::Status AdminService::GetHold(grpc::ServerContext* context,
 grpc::Status AdminService::ResolveHold(grpc::ServerContext* context,
                                        const handoff::v1::ResolveHoldRequest* request,
                                        handoff::v1::ResolveHoldResponse* response) {
+  const AdminCallScheduling::Scope scheduling = options_.call_scheduling.OtherCall();
   absl::StatusOr<Caller> caller = Admit(*context, Permission::kOperate, "ResolveHold");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   // The audit actor is the token's name, never the token.
@@ -195,6 +206,7 @@ grpc::Status AdminService::ResolveHold(grpc::ServerContext* context,
 grpc::Status AdminService::ListQuarantine(grpc::ServerContext* context,
                                           const handoff::v1::ListQuarantineRequest* request,
                                           handoff::v1::ListQuarantineResponse* response) {
+  const AdminCallScheduling::Scope scheduling = options_.call_scheduling.OtherCall();
   absl::StatusOr<Caller> caller = Admit(*context, Permission::kRead, "ListQuarantine");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   return Reply(manager_->ListQuarantine(*request), response);
@@ -203,6 +215,7 @@ grpc::Status AdminService::ListQuarantine(grpc::ServerContext* context,
 grpc::Status AdminService::RebuildSource(grpc::ServerContext* context,
                                          const handoff::v1::RebuildSourceRequest* request,
                                          Source* response) {
+  const AdminCallScheduling::Scope scheduling = options_.call_scheduling.OtherCall();
   absl::StatusOr<Caller> caller = Admit(*context, Permission::kOperate, "RebuildSource");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   return Reply(manager_->RebuildSource(*request), response);
@@ -211,6 +224,7 @@ grpc::Status AdminService::RebuildSource(grpc::ServerContext* context,
 grpc::Status AdminService::QueryEvents(grpc::ServerContext* context,
                                        const handoff::v1::QueryEventsRequest* request,
                                        handoff::v1::QueryEventsResponse* response) {
+  const AdminCallScheduling::Scope scheduling = options_.call_scheduling.OtherCall();
   absl::StatusOr<Caller> caller = Admit(*context, Permission::kRead, "QueryEvents");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   return Reply(manager_->QueryEvents(*request), response);

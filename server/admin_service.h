@@ -1,6 +1,8 @@
 // AdminService: the gRPC adapter of handoff.v1.ConsumerAdmin over consumer::SourceManager.
 //
-// Each handler (1) authorizes the caller (auth.h; reader RPCs vs operator RPCs),
+// Each handler (0) enters its scheduling scope (admin_call_scheduling.h: GetProgress,
+// GetSource and GetHold are point reads, every other call is not), (1) authorizes the
+// caller (auth.h; reader RPCs vs operator RPCs),
 // (2) refuses a call whose deadline already passed, (3) calls the core, which validates
 // the request and names the bad field, and (4) maps the status with ToGrpcStatus. The
 // adapter holds no source state of its own. Funding actions in Progress are only
@@ -22,6 +24,7 @@
 #include "absl/time/time.h"
 #include "consumer/source_manager.h"
 #include "handoff/v1/consumer_admin.grpc.pb.h"
+#include "server/admin_call_scheduling.h"
 #include "server/auth.h"
 
 namespace handoff::server {
@@ -30,6 +33,9 @@ struct AdminServiceOptions {
   int max_watchers = 256;
   // How often an idle WatchProgress re-checks for a cancelled client or a server stop.
   absl::Duration watch_recheck = absl::Milliseconds(200);
+  // The policy of the threads that answer calls: point reads real-time when enabled
+  // (admin_call_scheduling.h); disabled by default.
+  AdminCallScheduling call_scheduling;
 };
 
 class AdminService final : public handoff::v1::ConsumerAdmin::Service {
@@ -43,6 +49,7 @@ class AdminService final : public handoff::v1::ConsumerAdmin::Service {
   void BeginShutdown();
 
   int active_watchers() const { return watchers_.load(); }
+  const AdminCallScheduling& call_scheduling() const { return options_.call_scheduling; }
 
   grpc::Status CreateSource(grpc::ServerContext* context,
                             const handoff::v1::CreateSourceRequest* request,

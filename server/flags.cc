@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/status_macros.h"
+#include "base/thread_priority.h"
 #include "consumer/source_worker.h"
 #include "server/factories.h"
 
@@ -41,6 +42,11 @@ ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error.");
 ABSL_FLAG(int, max_sources, 10000, "Maximum number of sources (RESOURCE_EXHAUSTED beyond).");
 ABSL_FLAG(int, max_message_bytes, 4 << 20, "Largest gRPC request accepted, in bytes.");
 ABSL_FLAG(int, max_watchers, 256, "Maximum concurrent WatchProgress streams.");
+ABSL_FLAG(int, admin_realtime_priority, handoff::server::ServerOptions().admin_realtime_priority,
+          "SCHED_RR priority (1..99) of the gRPC threads while they wait for an admin call "
+          "or answer a point read (GetProgress, GetSource, GetHold), so such calls answer "
+          "at once while ingest keeps every core busy; other calls run at normal priority. "
+          "Needs CAP_SYS_NICE (without it: a warning, and normal priority). 0: off.");
 ABSL_FLAG(int, worker_nice, handoff::consumer::WorkerOptions().thread_nice,
           "Nice increment (0..19) of the source workers' threads, so that admin RPCs and "
           "health checks answer promptly while ingest uses every core; 0 keeps them at "
@@ -104,6 +110,13 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_watchers = absl::GetFlag(FLAGS_max_watchers);
   options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
+  const int realtime = absl::GetFlag(FLAGS_admin_realtime_priority);
+  if (realtime < 0 || realtime > handoff::kMaxRealtimePriority) {
+    return absl::InvalidArgumentError(absl::StrCat("--admin_realtime_priority=", realtime,
+                                                   " is outside 0..",
+                                                   handoff::kMaxRealtimePriority));
+  }
+  options.admin_realtime_priority = realtime;
   const int nice = absl::GetFlag(FLAGS_worker_nice);
   if (nice < 0 || nice > 19) {
     return absl::InvalidArgumentError(absl::StrCat("--worker_nice=", nice, " is outside 0..19"));

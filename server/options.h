@@ -33,6 +33,10 @@ struct ServerOptions {
   std::string port_file;
   int max_message_bytes = 4 << 20;
   int max_watchers = 256;
+  // SCHED_RR priority of the threads answering admin calls while they wait for a call
+  // or answer a point read (admin_call_scheduling.h), 1..99; 0: normal priority. Needs
+  // CAP_SYS_NICE: without it handoffd warns once and runs them at normal priority.
+  int admin_realtime_priority = 1;
 
   // ---- Storage ----
   // The RocksDB database lives in <data_dir>/db.

@@ -187,6 +187,7 @@ absl::Status Server::Build() {
     });
   }
   logger_->Info("serving", {{"port", absl::StrCat(port_)},
+                            {"admin_threads", admin_service_->call_scheduling().Describe()},
                             {"metrics_port", absl::StrCat(metrics_port())},
                             {"tls", options_.tls_cert.empty() ? "off" : "on"},
                             {"mtls", options_.tls_client_ca.empty() ? "off" : "on"},
@@ -202,6 +203,12 @@ absl::Status Server::StartGrpc() {
   }
   AdminServiceOptions admin_options;
   admin_options.max_watchers = options_.max_watchers;
+  admin_options.call_scheduling = AdminCallScheduling::Create(options_.admin_realtime_priority);
+  if (!admin_options.call_scheduling.status().ok()) {
+    logger_->Warning("admin calls run at normal priority: their latency under full ingest "
+                     "waits for the workers' time slices",
+                     {{"reason", std::string(admin_options.call_scheduling.status().message())}});
+  }
   admin_service_ = std::make_unique<AdminService>(manager_.get(), auth_.get(), admin_options);
 
   // Process-wide switches, read by the builder; both are idempotent.

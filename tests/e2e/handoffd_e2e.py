@@ -145,6 +145,24 @@ class Handoffd:
                 pass  # the thread ended meanwhile
         return names
 
+    def thread_policies(self):
+        """(name, scheduling policy) of each thread: 0 SCHED_OTHER, 2 SCHED_RR, ..."""
+        threads = []
+        task_dir = "/proc/%d/task" % self.proc.pid
+        for tid in os.listdir(task_dir):
+            try:
+                stat = read(os.path.join(task_dir, tid, "stat")).decode()
+            except OSError:
+                continue  # the thread ended meanwhile
+            # "pid (comm) state ...": the policy is field 41, the 39th after the name.
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            threads.append((name, int(stat[stat.rindex(")") + 2:].split()[38])))
+        return threads
+
+    def log_entries(self, msg):
+        return [json.loads(line) for line in self.log().splitlines()
+                if '"%s"' % msg in line]
+
     def log(self):
         return read(self.log_path).decode(errors="replace")
 
@@ -265,11 +283,38 @@ def check_storage_flags(binary, workdir, data_dir):
     for flag, message in (("--write_buffer_mb=2", "--write_buffer_mb=2 is outside 4..1024"),
                           ("--block_cache_mb=0", "--block_cache_mb=0 is outside 8..65536"),
                           ("--max_pages_in_flight=0",
-                           "--max_pages_in_flight=0 is outside 1..4096")):
+                           "--max_pages_in_flight=0 is outside 1..4096"),
+                          ("--admin_realtime_priority=100",
+                           "--admin_realtime_priority=100 is outside 0..99")):
         out = subprocess.run([binary, "--data_dir=" + data_dir, "--insecure_disable_auth", flag],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
         assert out.returncode != 0 and message in out.stdout.decode(), out.stdout.decode()
-    log("ok - storage and page-budget flags out of range refused at start")
+    log("ok - storage, page-budget and scheduling flags out of range refused at start")
+
+
+SCHED_OTHER, SCHED_RR = 0, 2
+
+
+def check_admin_threads_realtime(server):
+    """The default --admin_realtime_priority=1: after a point read, the gRPC thread that
+    answered waits for the next call under SCHED_RR; without CAP_SYS_NICE, a warning
+    saying why and normal threads."""
+    serving = server.log_entries("serving")
+    assert serving, server.log()
+    grpc_policies = [p for name, p in server.thread_policies() if name.startswith("grpcpp")]
+    if serving[0].get("admin_threads") == "SCHED_RR 1":
+        assert SCHED_RR in grpc_policies, server.thread_policies()
+        # Only admin threads: the workers, RocksDB's and the provider's threads stay normal.
+        others = [(n, p) for n, p in server.thread_policies()
+                  if not n.startswith("grpcpp") and p == SCHED_RR]
+        assert not others, others
+        log("ok - admin threads wait for calls under SCHED_RR, no other thread does")
+    else:
+        assert serving[0].get("admin_threads") == "normal", serving
+        warned = server.log_entries("admin calls run at normal priority")
+        assert warned and "CAP_SYS_NICE" in warned[0].get("reason", ""), server.log()
+        assert SCHED_RR not in grpc_policies, server.thread_policies()
+        log("ok - no CAP_SYS_NICE: admin threads at normal priority, with a warning")
 
 
 def check_json_logs(server):
@@ -318,6 +363,7 @@ def phase_plain(binary, workdir, data_dir):
         assert got.spec.provider_url == spec.provider_url
         assert got.spec.sink.HasField("local_rows")
         log("ok - CreateSource / ListSources / GetSource round trip")
+        check_admin_threads_realtime(server)
 
         bad = local_spec("Bad_Id!")
         expect_code(grpc.StatusCode.INVALID_ARGUMENT, client.call, "CreateSource",
@@ -337,6 +383,9 @@ def phase_plain(binary, workdir, data_dir):
         # the gRPC handler that started it.
         wait_until("a thread named in:e2e-cycle",
                    lambda: "in:e2e-cycle" in server.thread_names())
+        # StartSource ran on an admin thread; what it started never runs real-time.
+        started = [p for name, p in server.thread_policies() if name.endswith(":e2e-cycle")]
+        assert started and set(started) == {SCHED_OTHER}, server.thread_policies()
         stream = client.admin.WatchProgress(
             admin.WatchProgressRequest(source_id="e2e-cycle", heartbeat_ms=200),
             metadata=client.metadata, timeout=RPC_TIMEOUT_S)
@@ -391,8 +440,9 @@ def phase_secure(binary, workdir, data_dir, certs):
         f.write("e2e-dash reader %s\n" % READER_TOKEN)
     tls = ["--tls_cert=%s/server.pem" % certs, "--tls_key=%s/server.key" % certs]
     server = Handoffd(binary, workdir, "secure", data_dir,
-                      tls + ["--auth_tokens_file=" + tokens])
+                      tls + ["--auth_tokens_file=" + tokens, "--admin_realtime_priority=0"])
     try:
+        assert server.log_entries("serving")[0].get("admin_threads") == "normal", server.log()
         creds = grpc.ssl_channel_credentials(root_certificates=read(certs + "/server.pem"))
         channel = grpc.secure_channel(server.target, creds)
         anonymous, reader = Client(channel), Client(channel, READER_TOKEN)
@@ -409,6 +459,9 @@ def phase_secure(binary, workdir, data_dir, certs):
         got = reader.call("GetSource", admin.GetSourceRequest(source_id="e2e-local"))
         assert got.spec.id == "e2e-local"
         log("ok - sources persist across a restart")
+        # --admin_realtime_priority=0: the point read left every thread normal.
+        assert SCHED_RR not in [p for _, p in server.thread_policies()], \
+            server.thread_policies()
 
         get = admin.GetSourceRequest(source_id="e2e-local")
         create = admin.CreateSourceRequest(spec=local_spec("e2e-secure"))

@@ -1,0 +1,112 @@
+#include "server/admin_call_scheduling.h"
+
+#include <linux/capability.h>
+#include <sys/resource.h>
+
+#include <thread>
+
+#include "base/capabilities_for_testing.h"
+#include "base/thread_priority.h"
+#include "gtest/gtest.h"
+
+namespace handoff::server {
+namespace {
+
+// Runs `fn` on a new thread, as gRPC runs a handler on a thread of its pool.
+template <typename Fn>
+void OnNewThread(Fn fn) {
+  std::thread t(fn);
+  t.join();
+}
+
+TEST(AdminCallSchedulingTest, DisabledLeavesEveryThreadNormal) {
+  for (const AdminCallScheduling& scheduling :
+       {AdminCallScheduling(), AdminCallScheduling::Create(0)}) {
+    EXPECT_FALSE(scheduling.enabled());
+    EXPECT_TRUE(scheduling.status().ok());
+    EXPECT_EQ(scheduling.Describe(), "normal");
+    bool realtime = true;
+    OnNewThread([&] {
+      { const AdminCallScheduling::Scope s = scheduling.PointRead(); }
+      { const AdminCallScheduling::Scope s = scheduling.OtherCall(); }
+      realtime = CurrentThreadIsRealtimeScheduled();
+    });
+    EXPECT_FALSE(realtime);
+  }
+}
+
+TEST(AdminCallSchedulingTest, PointReadsRunRealtimeOtherCallsNormalThenWaitRealtime) {
+  const AdminCallScheduling scheduling = AdminCallScheduling::Create(1);
+  if (!scheduling.enabled()) GTEST_SKIP() << "no SCHED_RR here: " << scheduling.status();
+  EXPECT_EQ(scheduling.Describe(), "SCHED_RR 1");
+  bool in_point_read = false, after_point_read = false, in_other_call = true,
+       started_by_other_call = true, started_by_point_read = true, after_other_call = false;
+  OnNewThread([&] {
+    {
+      const AdminCallScheduling::Scope s = scheduling.PointRead();
+      in_point_read = CurrentThreadIsRealtimeScheduled();
+      std::thread c([&] { started_by_point_read = CurrentThreadIsRealtimeScheduled(); });
+      c.join();
+    }
+    after_point_read = CurrentThreadIsRealtimeScheduled();  // waits for the next call RR
+    {
+      const AdminCallScheduling::Scope s = scheduling.OtherCall();
+      in_other_call = CurrentThreadIsRealtimeScheduled();
+      // A worker a StartSource starts must never run real-time.
+      std::thread c([&] { started_by_other_call = CurrentThreadIsRealtimeScheduled(); });
+      c.join();
+    }
+    after_other_call = CurrentThreadIsRealtimeScheduled();
+  });
+  EXPECT_TRUE(in_point_read);
+  EXPECT_TRUE(after_point_read);
+  EXPECT_FALSE(started_by_point_read);
+  EXPECT_FALSE(in_other_call);
+  EXPECT_FALSE(started_by_other_call);
+  EXPECT_TRUE(after_other_call);
+  EXPECT_FALSE(CurrentThreadIsRealtimeScheduled());  // only the serving thread changed
+}
+
+TEST(AdminCallSchedulingTest, AThreadThatOnlyServedOtherCallsWaitsRealtimeAfterwards) {
+  const AdminCallScheduling scheduling = AdminCallScheduling::Create(1);
+  if (!scheduling.enabled()) GTEST_SKIP() << "no SCHED_RR here: " << scheduling.status();
+  bool in_call = true, after = false;
+  OnNewThread([&] {
+    {
+      AdminCallScheduling::Scope s = scheduling.OtherCall();
+      AdminCallScheduling::Scope moved = std::move(s);  // restores once, from `moved`
+      in_call = CurrentThreadIsRealtimeScheduled();
+    }
+    after = CurrentThreadIsRealtimeScheduled();
+  });
+  EXPECT_FALSE(in_call);
+  EXPECT_TRUE(after);
+}
+
+TEST(AdminCallSchedulingTest, WithoutThePrivilegeItIsDisabledAndSaysWhy) {
+  rlimit limit{};
+  ASSERT_EQ(getrlimit(RLIMIT_RTPRIO, &limit), 0);
+  if (limit.rlim_cur >= 1) GTEST_SKIP() << "RLIMIT_RTPRIO lets any thread use SCHED_RR";
+  AdminCallScheduling scheduling;
+  bool realtime = true;
+  OnNewThread([&] {
+    ASSERT_TRUE(DropCapabilityFromCurrentThread(CAP_SYS_NICE).ok());
+    scheduling = AdminCallScheduling::Create(1);
+    { const AdminCallScheduling::Scope s = scheduling.PointRead(); }
+    realtime = CurrentThreadIsRealtimeScheduled();
+  });
+  EXPECT_FALSE(scheduling.enabled());
+  EXPECT_EQ(scheduling.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(scheduling.status().message().find("CAP_SYS_NICE"), absl::string_view::npos);
+  EXPECT_EQ(scheduling.Describe(), "normal");
+  EXPECT_FALSE(realtime);
+}
+
+TEST(AdminCallSchedulingTest, RefusesAPriorityOutsideTheRange) {
+  const AdminCallScheduling scheduling = AdminCallScheduling::Create(100);
+  EXPECT_FALSE(scheduling.enabled());
+  EXPECT_EQ(scheduling.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace handoff::server

@@ -388,10 +388,15 @@ int RunAll() {
     a.handoffd = run.handoffd().empty() ? "" : fs::absolute(run.handoffd()).string();
     a.window_s = z.admin_window;
     a.events = RoundToBlocks(z.admin_events);
+    a.mode = "default";
     res.raw["admin"] = run.WithSim(a, a.events, 16);
-    // The same with handoffd --worker_sched_idle (the workers under SCHED_IDLE).
-    a.mode = "sched_idle";
-    res.raw["admin_sched_idle"] = run.WithSim(a, a.events, 16);
+    // The same server with a caller on the same saturated cores at normal priority.
+    a.mode = "caller_normal";
+    res.raw["admin_caller_normal"] = run.WithSim(a, a.events, 16);
+    // Admin threads at normal priority too (--admin_realtime_priority=0; handoffd
+    // without CAP_SYS_NICE): how it was.
+    a.mode = "no_rt";
+    res.raw["admin_no_rt"] = run.WithSim(a, a.events, 16);
   }
   // Scenario 5 takes its per-source fixed cost (T) from the idle probe.
   if (wanted(7) || wanted(5)) {

@@ -28,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/thread_priority.h"
 #include "consumer/memory_bound.h"
 #include "consumer/observer.h"
 #include "consumer/sink.h"
@@ -882,6 +883,24 @@ json AdminInProcess(const ProbeArgs& a) {
   return out;
 }
 
+// How many of process `pid`'s threads run under SCHED_RR (/proc/<pid>/task/*/stat).
+int RealtimeThreads(pid_t pid) {
+  int n = 0;
+  std::error_code error;
+  for (const auto& task : fs::directory_iterator(absl::StrCat("/proc/", pid, "/task"), error)) {
+    std::ifstream in(task.path() / "stat");
+    std::string stat;
+    std::getline(in, stat);
+    const size_t name_end = stat.rfind(')');
+    if (name_end == std::string::npos) continue;  // the thread ended meanwhile
+    // After "pid (comm) " come the fields from 3 (state) on; the policy is field 41.
+    const std::vector<absl::string_view> fields =
+        absl::StrSplit(absl::string_view(stat).substr(name_end + 2), ' ');
+    if (fields.size() > 38 && fields[38] == "2") ++n;  // 2: SCHED_RR
+  }
+  return n;
+}
+
 json Admin(const ProbeArgs& a) {
   if (a.handoffd.empty() || !fs::exists(a.handoffd)) return AdminInProcess(a);
   fs::create_directories(a.dir + "/handoffd");
@@ -892,7 +911,11 @@ json Admin(const ProbeArgs& a) {
                                     "--data_dir=" + a.dir + "/handoffd",
                                     "--insecure_disable_auth",
                                     "--log_level=error"};
-  if (a.mode == "sched_idle") args.push_back("--worker_sched_idle");
+  // Modes: "default" the defaults (admin threads real-time when permitted) and a caller that
+  // stands in for one on another machine; "caller_normal" the same server and a caller
+  // sharing the saturated cores at normal priority; "no_rt" admin threads at normal
+  // priority (no CAP_SYS_NICE) and a normal caller, as before.
+  if (a.mode == "no_rt") args.push_back("--admin_realtime_priority=0");
   std::vector<char*> argv;
   for (std::string& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -934,6 +957,16 @@ json Admin(const ProbeArgs& a) {
   handoff::v1::GetProgressRequest preq;
   preq.set_source_id("admin-0");
   handoff::v1::Progress progress;
+  // A caller on another machine (a backend service, an operator's grpcurl) wakes for
+  // its reply on a core handoffd's workers do not keep busy. Here the caller shares
+  // the two saturated cores, so its own wake-up would queue behind the workers' slices:
+  // it runs under SCHED_RR to stand in for the remote caller. "caller_normal" measures
+  // the caller on the same cores at normal priority.
+  std::string caller_policy = "normal";
+  if (a.mode == "default") {
+    absl::Status rt = handoff::UseRealtimeSchedulingForCurrentThread(1);
+    caller_policy = rt.ok() ? "SCHED_RR 1" : absl::StrCat("normal (", rt.message(), ")");
+  }
   // One GetProgress per millisecond until `end`, each call's latency in microseconds.
   auto sample = [&](absl::Time end, std::vector<double>* us) -> grpc::Status {
     while (absl::Now() < end) {
@@ -982,6 +1015,8 @@ json Admin(const ProbeArgs& a) {
   // needs it then: at a steal of ~1% of the time the p99 is exposed to it.
   out["steal_fraction"] = steal;
   out["transport"] = "gRPC loopback to handoffd";
+  out["caller_policy"] = caller_policy;
+  out["server_realtime_threads"] = RealtimeThreads(pid);
   out["ingest_events_per_s"] = (after - before) / secs;
   out["ingest_still_running"] = after < a.events;
   return out;

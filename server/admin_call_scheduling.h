@@ -14,8 +14,9 @@
 //   - every other call (writes that wait for a sync, lists, scans, rebuilds, streams)
 //     runs its handler under the normal policy and goes back to SCHED_RR when it ends.
 // Invariant: an admin thread is real-time only while it waits for a call or answers a
-// point read; no thread a handler starts inherits the policy (it runs normal then, and
-// SCHED_RESET_ON_FORK holds besides).
+// point read (or one of gRPC's own small calls the same threads serve: a health check,
+// a reflection request); no thread a handler starts inherits the policy (it runs normal
+// then, and SCHED_RESET_ON_FORK holds besides).
 //
 // Needs CAP_SYS_NICE (or RLIMIT_RTPRIO): Create checks once, and without it every scope
 // is a no-op and status() says why. Per-thread state is thread-local; the object is

@@ -19,6 +19,23 @@ namespace {
 // On Linux, PRIO_PROCESS with a thread id addresses that one thread.
 id_t ThisThread() { return static_cast<id_t>(syscall(SYS_gettid)); }
 
+// Sets the calling thread's policy (pid 0: the calling thread; Linux schedules threads,
+// not processes). EPERM is PERMISSION_DENIED.
+absl::Status SetCurrentThreadPolicy(int policy, int priority, absl::string_view name) {
+  sched_param param{};
+  param.sched_priority = priority;
+  if (sched_setscheduler(0, policy, &param) != 0) {
+    const int error = errno;
+    const std::string what =
+        absl::StrCat("sched_setscheduler(", name, "): ", std::strerror(error));
+    return error == EPERM ? absl::PermissionDeniedError(what) : absl::InternalError(what);
+  }
+  return absl::OkStatus();
+}
+
+// The calling thread's policy, without the SCHED_RESET_ON_FORK flag.
+int CurrentThreadPolicy() { return sched_getscheduler(0) & ~SCHED_RESET_ON_FORK; }
+
 }  // namespace
 
 int CurrentThreadNice() {
@@ -41,19 +58,10 @@ absl::Status LowerCurrentThreadPriority(int increment) {
 }
 
 absl::Status UseIdleSchedulingForCurrentThread() {
-  sched_param param{};
-  param.sched_priority = 0;
-  // pid 0: the calling thread (Linux schedules threads, not processes).
-  if (sched_setscheduler(0, SCHED_IDLE, &param) != 0) {
-    return absl::InternalError(absl::StrCat("sched_setscheduler(SCHED_IDLE): ",
-                                            std::strerror(errno)));
-  }
-  return absl::OkStatus();
+  return SetCurrentThreadPolicy(SCHED_IDLE, 0, "SCHED_IDLE");
 }
 
-bool CurrentThreadIsIdleScheduled() {
-  return (sched_getscheduler(0) & ~SCHED_RESET_ON_FORK) == SCHED_IDLE;
-}
+bool CurrentThreadIsIdleScheduled() { return CurrentThreadPolicy() == SCHED_IDLE; }
 
 absl::Status UseRealtimeSchedulingForCurrentThread(int priority) {
   if (priority < kMinRealtimePriority || priority > kMaxRealtimePriority) {
@@ -61,34 +69,20 @@ absl::Status UseRealtimeSchedulingForCurrentThread(int priority) {
                                                    " is outside ", kMinRealtimePriority,
                                                    "..", kMaxRealtimePriority));
   }
-  sched_param param{};
-  param.sched_priority = priority;
-  if (sched_setscheduler(0, SCHED_RR | SCHED_RESET_ON_FORK, &param) != 0) {
-    const int error = errno;
-    const std::string what =
-        absl::StrCat("sched_setscheduler(SCHED_RR, ", priority, "): ", std::strerror(error));
-    if (error == EPERM) {
-      return absl::PermissionDeniedError(
-          absl::StrCat(what, " (needs CAP_SYS_NICE or RLIMIT_RTPRIO >= ", priority, ")"));
-    }
-    return absl::InternalError(what);
+  absl::Status status = SetCurrentThreadPolicy(SCHED_RR | SCHED_RESET_ON_FORK, priority,
+                                               absl::StrCat("SCHED_RR, ", priority));
+  if (absl::IsPermissionDenied(status)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        status.message(), " (needs CAP_SYS_NICE or RLIMIT_RTPRIO >= ", priority, ")"));
   }
-  return absl::OkStatus();
+  return status;
 }
 
 absl::Status UseNormalSchedulingForCurrentThread() {
-  sched_param param{};
-  param.sched_priority = 0;
-  if (sched_setscheduler(0, SCHED_OTHER, &param) != 0) {
-    return absl::InternalError(absl::StrCat("sched_setscheduler(SCHED_OTHER): ",
-                                            std::strerror(errno)));
-  }
-  return absl::OkStatus();
+  return SetCurrentThreadPolicy(SCHED_OTHER, 0, "SCHED_OTHER");
 }
 
-bool CurrentThreadIsRealtimeScheduled() {
-  return (sched_getscheduler(0) & ~SCHED_RESET_ON_FORK) == SCHED_RR;
-}
+bool CurrentThreadIsRealtimeScheduled() { return CurrentThreadPolicy() == SCHED_RR; }
 
 absl::Status CheckRealtimeSchedulingAllowed(int priority) {
   absl::Status status;

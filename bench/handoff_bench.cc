@@ -38,6 +38,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/heap_retention.h"
 #include "bench/probes.h"
 #include "bench/report.h"
 #include "sim/provider_sim.h"
@@ -334,6 +335,16 @@ int RunAll() {
       const int64_t per = RoundToBlocks(z.many_total / s);
       res.raw[absl::StrCat("many_", s)] = e2e("poll", 1000, s, per);
     }
+    // The storage's own figure for the most sources: one bare RocksDB writer thread per
+    // source, each in its own key range, committing 1000 rows a batch (scenario 1's loop).
+    {
+      ProbeArgs bare;
+      bare.probe = "bare_rocks";
+      bare.sources = z.many[2];
+      bare.events = RoundToBlocks(z.many_total / bare.sources) * bare.sources;
+      bare.logs_per_block = kLogsPerBlock;
+      res.raw["bare_rocks_many"] = run.Spawn(bare);
+    }
     // The goal compares the most sources with one: both run once more, interleaved, and
     // keep their best run (as scenario 1).
     if (wanted(2) && !smoke) {
@@ -463,7 +474,11 @@ int RunChild() {
 }  // namespace handoff::bench
 
 int main(int argc, char** argv) {
+  // As handoffd does, before any thread starts (base/heap_retention.h): the probes and the
+  // bare RocksDB loops run with the allocator settings of the production process.
+  const absl::Status heap = handoff::RetainFreedHeapMemory();
   absl::ParseCommandLine(argc, argv);
+  if (!heap.ok()) std::fprintf(stderr, "allocator defaults kept: %s\n", heap.ToString().c_str());
   // As in handoffd: Debian's abseil checks every lock against a global lock graph unless
   // told not to; the probes stand in for the production process.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

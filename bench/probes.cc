@@ -424,41 +424,67 @@ json BareRocks(const ProbeArgs& a) {
     if (ro.families[i].name == "rows") rows_cf = handles[i];
     if (ro.families[i].name == "checkpoints") cp_cf = handles[i];
   }
-  store::CheckpointRecord cp;
-  cp.set_resume_cursor(std::string(43, 'c'));
-  cp.set_identity_hash(std::string(64, 'f'));
-  cp.set_version(1);
   rocksdb::WriteOptions wo;
   wo.sync = a.sync;
-  const int per_batch = 1000;
-  size_t bytes = 0;
-  const absl::Time t0 = absl::Now();
-  int64_t done = 0;
-  while (done < a.events) {
-    rocksdb::WriteBatch batch;
-    for (int k = 0; k < per_batch && done < a.events; ++k, ++done) {
-      const std::string& v = rows[done % rows.size()];
-      Position pos{static_cast<uint64_t>(done / a.logs_per_block),
-                   static_cast<uint64_t>(done % a.logs_per_block)};
-      batch.Put(rows_cf, store::keys::Positional("bare", pos), v);
-      bytes += v.size();
+  // One writer thread per source, each writing its own key range (as the engine's
+  // sources do), so that with several sources RocksDB groups their commits and the
+  // memtable and the L0 files hold their interleaved ranges.
+  const int writers = std::max(1, a.sources);
+  const int64_t per_writer = a.events / writers;
+  std::atomic<size_t> bytes{0};
+  absl::Mutex error_mu;
+  std::string error;
+  auto write_source = [&](int w) {
+    const std::string id = writers == 1 ? "bare" : absl::StrCat("bare-", w);
+    store::CheckpointRecord cp;
+    cp.set_resume_cursor(std::string(43, 'c'));
+    cp.set_identity_hash(std::string(64, 'f'));
+    cp.set_version(1);
+    const int per_batch = 1000;
+    size_t written = 0;
+    int64_t done = 0;
+    std::string key;
+    while (done < per_writer) {
+      rocksdb::WriteBatch batch;
+      for (int k = 0; k < per_batch && done < per_writer; ++k, ++done) {
+        const std::string& v = rows[done % rows.size()];
+        Position pos{static_cast<uint64_t>(done / a.logs_per_block),
+                     static_cast<uint64_t>(done % a.logs_per_block)};
+        store::keys::AssignPositional(id, pos, &key);
+        batch.Put(rows_cf, key, v);
+        written += v.size();
+      }
+      cp.set_version(cp.version() + 1);
+      cp.set_applied_block(done / a.logs_per_block);
+      cp.mutable_counters()->set_applied(done);
+      batch.Put(cp_cf, store::keys::Checkpoint(id, store::Stage::kIngest),
+                cp.SerializeAsString());
+      rocksdb::Status ws = db->Write(wo, &batch);
+      if (!ws.ok()) {
+        absl::MutexLock lock(&error_mu);
+        error = ws.ToString();
+        return;
+      }
     }
-    cp.set_version(cp.version() + 1);
-    cp.set_applied_block(done / a.logs_per_block);
-    cp.mutable_counters()->set_applied(done);
-    batch.Put(cp_cf, store::keys::Checkpoint("bare", store::Stage::kIngest),
-              cp.SerializeAsString());
-    s = db->Write(wo, &batch);
-    if (!s.ok()) return Error(absl::StrCat("write: ", s.ToString()));
+    bytes += written;
+  };
+  const absl::Time t0 = absl::Now();
+  {
+    std::vector<std::thread> threads;
+    for (int w = 0; w < writers; ++w) threads.emplace_back(write_source, w);
+    for (std::thread& t : threads) t.join();
   }
+  const int64_t done = per_writer * writers;
+  if (!error.empty()) return Error(absl::StrCat("write: ", error));
   const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
   for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
   db->Close().PermitUncheckedError();
   return json{{"events", done},
               {"seconds", secs},
               {"events_per_s", done / secs},
-              {"row_bytes", bytes / std::max<int64_t>(1, done)},
-              {"mb_per_s", bytes / secs / 1e6}};
+              {"sources", writers},
+              {"row_bytes", bytes.load() / std::max<int64_t>(1, done)},
+              {"mb_per_s", bytes.load() / secs / 1e6}};
 }
 
 // ---- end to end: simulator over HTTP -> SourceManager -> durable local rows ----

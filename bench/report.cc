@@ -236,8 +236,10 @@ std::vector<Row> BuildRows(const json& raw, const MemoryBound& bound) {
     const bool largest = i + 1 == many.size() && many.size() > 1;
     r.limit = absl::StrCat("1 source ", Eps(one), "; bare RocksDB ", Eps(bare));
     if (largest && bare_many) {
+      // How much of the goal the storage itself meets: its many writers against its one.
       absl::StrAppend(&r.limit, " (1 writer), ", Eps(bare_many), " (",
-                      Num(f.Get("bare_rocks_many", "sources"), "%.0f"), " writers)");
+                      Num(f.Get("bare_rocks_many", "sources"), "%.0f"), " writers, ",
+                      Num(Div(bare_many, bare)), " of 1 writer)");
     }
     r.ratio = Num(Div(v, one));
     r.goal = largest ? ">= the 1-source figure (group commit)" : "-";

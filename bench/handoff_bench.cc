@@ -2,8 +2,8 @@
 // the same run, written to REPORT.md and report.json.
 //
 //   bazel build -c opt //bench:handoff_bench //server:handoffd
-//   bazel-out/k8-opt/bin/bench/handoff_bench --out_dir=bench \
-//       --handoffd=bazel-out/k8-opt/bin/server/handoffd [--smoke]
+//   bazel-out/k8-opt/bin/bench/handoff_bench --out_dir=bench
+//       --handoffd=bazel-out/k8-opt/bin/server/handoffd [--smoke]   (one command line)
 //
 // The parent process hosts the provider simulator and the sample sink; each measurement
 // (a probe, probes.h) runs in a child process of this same binary, so its peak RSS

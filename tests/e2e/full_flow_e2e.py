@@ -38,15 +38,6 @@ def free_port():
         return s.getsockname()[1]
 
 
-def sink_stubs(proto_dir, out):
-    from grpc_tools import protoc
-    src = os.path.join(os.path.dirname(proto_dir), "sim", "sample_sink")
-    rc = protoc.main(["protoc", "-I" + os.path.dirname(proto_dir), "-I" + proto_dir,
-                      "--python_out=" + out, "--grpc_python_out=" + out,
-                      os.path.join(src, "sample_sink_admin.proto")])
-    assert rc == 0, "protoc failed for the sample sink admin proto"
-
-
 def canonical(sim_port, start):
     url = "http://127.0.0.1:%d/sim/canonical?from=%d&to=%d" % (sim_port, start, HEAD)
     body = json.loads(urllib.request.urlopen(url, timeout=20).read())
@@ -71,13 +62,12 @@ def main():
         p.add_argument("--" + flag, required=True)
     a = p.parse_args()
     work = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-    gen = e2e.generate_stubs(a.proto_dir, work)
-    sys.path.insert(0, gen)
-    sink_stubs(os.path.abspath(a.proto_dir), gen)
+    e2e.generate_stubs(a.proto_dir, work, sink_proto_dir=os.path.join(
+        os.path.dirname(os.path.abspath(a.proto_dir)), "sim", "sample_sink"))
     import grpc
     from handoff.v1 import consumer_admin_pb2 as admin, source_pb2 as src
-    from sim.sample_sink import sample_sink_admin_pb2 as sink_admin
-    from sim.sample_sink import sample_sink_admin_pb2_grpc as sink_admin_grpc
+    import sample_sink_admin_pb2 as sink_admin
+    import sample_sink_admin_pb2_grpc as sink_admin_grpc
 
     procs = []
     try:

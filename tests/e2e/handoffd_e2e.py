@@ -18,50 +18,19 @@ self-signed certificate, mTLS, and that no token ever appears in logs or replies
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 
-GRPC_PROTO_DIR = "/usr/share/grpc-proto"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+from procs import generate_stubs, log, wait_until  # noqa: E402  (tests/testing/procs.py)
+
 OPERATOR_TOKEN = "e2e-operator-token-7d1f0c2a9b"
 READER_TOKEN = "e2e-reader-token-3c5e8a1f4d"
 START_TIMEOUT_S = 60
 RPC_TIMEOUT_S = 20
-
-
-def log(msg):
-    print(msg, flush=True)
-
-
-def generate_stubs(proto_dir, out_dir):
-    """Generates Python stubs; health and reflection under e2e_* package names so they
-    do not shadow the real `grpc` package."""
-    from grpc_tools import protoc  # python3-grpc-tools
-
-    src = os.path.join(out_dir, "protos")
-    for name, rel in (("e2e_health", "grpc/health/v1/health.proto"),
-                      ("e2e_reflection", "grpc/reflection/v1alpha/reflection.proto")):
-        os.makedirs(os.path.join(src, name), exist_ok=True)
-        shutil.copy(os.path.join(GRPC_PROTO_DIR, rel),
-                    os.path.join(src, name, os.path.basename(rel)))
-    handoff_protos = sorted(
-        os.path.join(proto_dir, "handoff/v1", f)
-        for f in os.listdir(os.path.join(proto_dir, "handoff/v1")) if f.endswith(".proto"))
-    gen = os.path.join(out_dir, "gen")
-    os.makedirs(gen, exist_ok=True)
-    rc = protoc.main([
-        "protoc", "-I" + proto_dir, "-I" + src, "-I/usr/include",
-        "--python_out=" + gen, "--grpc_python_out=" + gen,
-        os.path.join(src, "e2e_health/health.proto"),
-        os.path.join(src, "e2e_reflection/reflection.proto"),
-    ] + handoff_protos)
-    if rc != 0:
-        raise RuntimeError("grpc_tools.protoc failed: %d" % rc)
-    return gen
 
 
 def run(cmd, **kw):
@@ -91,18 +60,6 @@ def make_certs(d):
 def read(path):
     with open(path, "rb") as f:
         return f.read()
-
-
-def wait_until(what, predicate, timeout_s=RPC_TIMEOUT_S):
-    """Waits for a condition the server reaches on its own (a health tick, a state)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for " + what)
-        time.sleep(0.05)
 
 
 class Handoffd:
@@ -182,8 +139,8 @@ class Client:
     def __init__(self, channel, token=None):
         import grpc  # noqa: F401
         from handoff.v1 import consumer_admin_pb2_grpc
-        from e2e_health import health_pb2_grpc
-        from e2e_reflection import reflection_pb2_grpc
+        from health_v1 import health_pb2_grpc
+        from reflection_v1alpha import reflection_pb2_grpc
         self.channel = channel
         self.metadata = (("authorization", "Bearer " + token),) if token else ()
         self.admin = consumer_admin_pb2_grpc.ConsumerAdminStub(channel)
@@ -195,12 +152,12 @@ class Client:
                                            timeout=RPC_TIMEOUT_S)
 
     def health_status(self, service=""):
-        from e2e_health import health_pb2
+        from health_v1 import health_pb2
         return self.health.Check(health_pb2.HealthCheckRequest(service=service),
                                  timeout=RPC_TIMEOUT_S).status
 
     def reflect(self, **request):
-        from e2e_reflection import reflection_pb2
+        from reflection_v1alpha import reflection_pb2
         responses = self.reflection.ServerReflectionInfo(
             iter([reflection_pb2.ServerReflectionRequest(**request)]), timeout=RPC_TIMEOUT_S)
         return next(iter(responses))
@@ -327,7 +284,7 @@ def phase_plain(binary, workdir, data_dir):
     """No TLS, authentication disabled (development mode)."""
     import grpc
     from handoff.v1 import consumer_admin_pb2 as admin
-    from e2e_health import health_pb2
+    from health_v1 import health_pb2
 
     check_storage_flags(binary, workdir, data_dir)
     server = Handoffd(binary, workdir, "plain", data_dir,
@@ -431,7 +388,7 @@ def phase_secure(binary, workdir, data_dir, certs):
     """TLS with a self-signed certificate and bearer tokens; then mTLS."""
     import grpc
     from handoff.v1 import consumer_admin_pb2 as admin
-    from e2e_health import health_pb2
+    from health_v1 import health_pb2
 
     tokens = os.path.join(workdir, "tokens")
     with open(tokens, "w") as f:
@@ -533,7 +490,7 @@ def main():
     args = parser.parse_args()
 
     workdir = tempfile.mkdtemp(prefix="handoff-e2e-", dir=os.environ.get("TEST_TMPDIR"))
-    sys.path.insert(0, generate_stubs(os.path.abspath(args.proto_dir), workdir))
+    generate_stubs(args.proto_dir, workdir)
     certs = os.path.join(workdir, "certs")
     os.makedirs(certs)
     make_certs(certs)

@@ -25,11 +25,11 @@ def main():
     parser.add_argument("--proto_dir", required=True)
     args = parser.parse_args()
     workdir = tempfile.mkdtemp(prefix="handoff-hostile-", dir=os.environ.get("TEST_TMPDIR"))
-    sys.path.insert(0, e2e.generate_stubs(os.path.abspath(args.proto_dir), workdir))
+    e2e.generate_stubs(args.proto_dir, workdir)
 
     import grpc
     from handoff.v1 import consumer_admin_pb2 as admin
-    from e2e_health import health_pb2
+    from health_v1 import health_pb2
 
     server = e2e.Handoffd(os.path.abspath(args.handoffd), workdir, "hostile",
                           os.path.join(workdir, "data"),

@@ -36,7 +36,7 @@ def main():
     import procs
     from procs import log, wait_until
     workdir = tempfile.mkdtemp(prefix="storage-", dir=os.environ.get("TEST_TMPDIR"))
-    procs.generate_stubs(args.proto_dir, args.sink_proto_dir, os.path.join(workdir, "stubs"))
+    procs.generate_stubs(args.proto_dir, os.path.join(workdir, "stubs"), args.sink_proto_dir)
     refused_at_start(args, workdir)
     disk_full(args, workdir)
     log("PASSED")
@@ -106,7 +106,7 @@ def disk_full(args, workdir):
     import grpc
     from handoff.v1 import consumer_admin_pb2 as admin
     from handoff.v1 import source_pb2 as s
-    from th_health import health_pb2
+    from health_v1 import health_pb2
 
     mnt = os.path.join(workdir, "small")
     os.makedirs(mnt)
@@ -164,7 +164,7 @@ def disk_full(args, workdir):
         wait_until("health NOT_SERVING", lambda: server.health("") ==
                    health_pb2.HealthCheckResponse.NOT_SERVING, 30)
         probe = grpc.insecure_channel("127.0.0.1:%d" % server.health_port)
-        from th_health import health_pb2_grpc
+        from health_v1 import health_pb2_grpc
         st = health_pb2_grpc.HealthStub(probe).Check(
             health_pb2.HealthCheckRequest(service=""), timeout=10).status
         probe.close()

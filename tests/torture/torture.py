@@ -47,7 +47,7 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
 import procs  # noqa: E402
 from procs import log, wait_until  # noqa: E402
 
@@ -387,7 +387,7 @@ def main():
     rng = random.Random(seed)
     log("torture: seed=%d kills=%d budget=%.0fs workdir=%s" % (seed, kills_wanted, budget_s,
                                                               workdir))
-    procs.generate_stubs(args.proto_dir, args.sink_proto_dir, os.path.join(workdir, "stubs"))
+    procs.generate_stubs(args.proto_dir, os.path.join(workdir, "stubs"), args.sink_proto_dir)
     import grpc
     import sample_sink_admin_pb2 as sa
     from handoff.v1 import consumer_admin_pb2 as admin

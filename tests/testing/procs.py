@@ -1,8 +1,9 @@
-"""Process helpers shared by the torture driver and the process-level storage tests.
+"""Process helpers shared by the Python tests that run the real binaries: the end-to-end
+tests (tests/e2e, tests/hostile), the torture driver and the process-level storage tests.
 
 Runs the real binaries (handoffd, provider_sim, sample_sink) as child processes on
 port 0 and talks to them with Debian's python3-grpcio (stubs generated at run time by
-python3-grpc-tools, as tests/e2e does). Run with /usr/bin/python3.
+python3-grpc-tools: generate_stubs). Run with /usr/bin/python3.
 
 Nothing here sleeps to synchronise: every wait polls an observable condition (a port
 file, an RPC answer, a process exit) against a deadline.
@@ -43,29 +44,34 @@ def wait_until(what, predicate, timeout_s=RPC_TIMEOUT_S, poll_s=POLL_S):
         time.sleep(poll_s)
 
 
-def generate_stubs(proto_dir, sink_proto_dir, out_dir):
-    """Python stubs of handoff.v1, the sample sink's admin service and grpc.health.v1
-    (under the package name th_health so that it does not shadow `grpc`). Adds them to
-    sys.path."""
+def generate_stubs(proto_dir, out_dir, sink_proto_dir=None):
+    """Generates Python stubs of handoff.v1, grpc.health.v1 and grpc.reflection.v1alpha
+    (under the package names health_v1 and reflection_v1alpha, so that they do not
+    shadow the real `grpc` package) and, given `sink_proto_dir`, of the sample sink's
+    admin service (module sample_sink_admin_pb2). Adds them to sys.path and returns
+    their directory. The one stub generator of the Python tests."""
     from grpc_tools import protoc  # python3-grpc-tools
 
+    proto_dir = os.path.abspath(proto_dir)
     src = os.path.join(out_dir, "protos")
-    os.makedirs(os.path.join(src, "th_health"), exist_ok=True)
-    shutil.copy(os.path.join(GRPC_PROTO_DIR, "grpc/health/v1/health.proto"),
-                os.path.join(src, "th_health", "health.proto"))
-    shutil.copy(os.path.join(sink_proto_dir, "sample_sink_admin.proto"),
-                os.path.join(src, "sample_sink_admin.proto"))
-    handoff = sorted(
+    inputs = []
+    for package, rel in (("health_v1", "grpc/health/v1/health.proto"),
+                         ("reflection_v1alpha", "grpc/reflection/v1alpha/reflection.proto")):
+        os.makedirs(os.path.join(src, package), exist_ok=True)
+        copy = os.path.join(src, package, os.path.basename(rel))
+        shutil.copy(os.path.join(GRPC_PROTO_DIR, rel), copy)
+        inputs.append(copy)
+    if sink_proto_dir is not None:
+        copy = os.path.join(src, "sample_sink_admin.proto")
+        shutil.copy(os.path.join(sink_proto_dir, "sample_sink_admin.proto"), copy)
+        inputs.append(copy)
+    inputs += sorted(
         os.path.join(proto_dir, "handoff/v1", f)
         for f in os.listdir(os.path.join(proto_dir, "handoff/v1")) if f.endswith(".proto"))
     gen = os.path.join(out_dir, "gen")
     os.makedirs(gen, exist_ok=True)
-    rc = protoc.main([
-        "protoc", "-I" + proto_dir, "-I" + src, "-I/usr/include",
-        "--python_out=" + gen, "--grpc_python_out=" + gen,
-        os.path.join(src, "th_health/health.proto"),
-        os.path.join(src, "sample_sink_admin.proto"),
-    ] + handoff)
+    rc = protoc.main(["protoc", "-I" + proto_dir, "-I" + src, "-I/usr/include",
+                      "--python_out=" + gen, "--grpc_python_out=" + gen] + inputs)
     if rc != 0:
         raise RuntimeError("grpc_tools.protoc failed: %d" % rc)
     sys.path.insert(0, gen)
@@ -119,7 +125,7 @@ class Handoffd:
         self.target = "127.0.0.1:%d" % self.port
         import grpc
         from handoff.v1 import consumer_admin_pb2_grpc
-        from th_health import health_pb2_grpc
+        from health_v1 import health_pb2_grpc
         self.channel = grpc.insecure_channel(self.target)
         self.admin = consumer_admin_pb2_grpc.ConsumerAdminStub(self.channel)
         self.health_stub = health_pb2_grpc.HealthStub(self.channel)
@@ -128,7 +134,7 @@ class Handoffd:
         return getattr(self.admin, method)(request, timeout=timeout)
 
     def health(self, service=""):
-        from th_health import health_pb2
+        from health_v1 import health_pb2
         return self.health_stub.Check(health_pb2.HealthCheckRequest(service=service),
                                       timeout=RPC_TIMEOUT_S).status
 

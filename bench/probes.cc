@@ -65,6 +65,18 @@ double CpuSeconds() {
          (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
+// What the process's threads did so far besides running (getrusage, all threads): the
+// times they slept or were preempted, and the pages they touched first.
+struct ProcessEvents {
+  int64_t context_switches = 0;
+  int64_t minor_faults = 0;
+};
+ProcessEvents ReadProcessEvents() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ProcessEvents{ru.ru_nvcsw + ru.ru_nivcsw, ru.ru_minflt};
+}
+
 // The machine's CPU time by kind so far (/proc/stat, all CPUs, in clock ticks): what
 // the hypervisor took ("steal": the vCPU was runnable but not running) over the total.
 struct MachineTicks {
@@ -1071,18 +1083,28 @@ json Idle(const ProbeArgs& a) {
   // period would (the 0.2 s -> 30 s growth takes ~40 s). SSE workers have no backoff.
   absl::SleepFor(a.transport == "sse" ? absl::Seconds(5) : absl::Seconds(a.window_s * 3));
   const double cpu0 = CpuSeconds();
+  const ProcessEvents events0 = ReadProcessEvents();
+  const MachineTicks ticks0 = ReadMachineTicks();
   const int64_t fetches0 = g_fetches.load();
   const absl::Time t0 = absl::Now();
   absl::SleepFor(absl::Seconds(a.window_s));
   const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
   const double cpu = CpuSeconds() - cpu0;
+  const ProcessEvents events1 = ReadProcessEvents();
   const int64_t fetches = g_fetches.load() - fetches0;
+  const double per_poll = fetches > 0 ? 1.0 / fetches : 0.0;
   json out{{"sources", a.sources},
             {"window_seconds", wall},
             {"cpu_seconds", cpu},
             {"core_fraction", cpu / wall},
             {"polls_per_s", fetches / wall},
-            {"cpu_us_per_poll", fetches > 0 ? cpu * 1e6 / fetches : 0.0}};
+            {"cpu_us_per_poll", cpu * 1e6 * per_poll},
+            // What a poll costs besides instructions: wake-ups and first touches, and
+            // the hypervisor's share of the machine meanwhile.
+            {"context_switches_per_poll",
+             (events1.context_switches - events0.context_switches) * per_poll},
+            {"minor_faults_per_poll", (events1.minor_faults - events0.minor_faults) * per_poll},
+            {"steal_fraction", StealFraction(ticks0, ReadMachineTicks())}};
   out.update(MemoryTerms(engine, a));
   return out;
 }

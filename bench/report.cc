@@ -357,8 +357,18 @@ std::vector<Row> BuildRows(const json& raw, const MemoryBound& bound) {
                               : absl::StrCat(Num(f.Get(probe, "polls_per_s"), "%.1f"),
                                              " polls/s at ",
                                              Num(f.Get(probe, "cpu_us_per_poll"), "%.0f"),
-                                             " us of CPU each"),
+                                             " us of CPU, ",
+                                             Num(f.Get(probe, "context_switches_per_poll"),
+                                                 "%.0f"),
+                                             " context switches and ",
+                                             Num(f.Get(probe, "minor_faults_per_poll"), "%.1f"),
+                                             " page faults each"),
                           ")");
+    // The hypervisor's share of the vCPUs' time over the window (older reports: absent).
+    if (const auto steal = f.Get(probe, "steal_fraction")) {
+      r.what.back() = ';';
+      absl::StrAppend(&r.what, absl::StrFormat(" steal %.1f%%)", *steal * 100));
+    }
     r.measured = v ? absl::StrFormat("%.2f%% of a core", *v * 100) : "n/a";
     r.limit = "-";
     r.ratio = "-";

@@ -9,24 +9,12 @@
 #include "gtest/gtest.h"
 #include "handoff/v1/event_sink.grpc.pb.h"
 #include "sim/sample_sink/sample_sink_admin.grpc.pb.h"
+#include "sim/sample_sink/sink_test_util.h"
 
 namespace handoff::sim {
 namespace {
 
 using handoff::v1::ApplyRequest;
-
-std::string TestDb(const std::string& name) {
-  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
-}
-
-ApplyRequest Request(uint64_t block, uint64_t log_index) {
-  ApplyRequest r;
-  r.set_source_id("src");
-  r.set_idempotency_key(absl::StrCat("src/0xb", block, "/", log_index));
-  r.mutable_event()->set_block_number(block);
-  r.mutable_event()->set_log_index(log_index);
-  return r;
-}
 
 std::unique_ptr<SampleSink> StartSink(const std::string& name, v1::FaultConfig faults = {}) {
   SampleSink::Options options;

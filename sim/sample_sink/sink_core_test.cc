@@ -1,4 +1,5 @@
 #include "sim/sample_sink/sink_core.h"
+#include "sim/sample_sink/sink_test_util.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -15,21 +16,6 @@ namespace {
 
 using handoff::v1::ApplyRequest;
 using handoff::v1::ApplyResponse;
-
-std::string TestDb(const std::string& name) {
-  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
-}
-
-ApplyRequest Request(uint64_t block, uint64_t log_index) {
-  ApplyRequest r;
-  r.set_source_id("src");
-  r.set_idempotency_key(absl::StrCat("src/0xb", block, "/", log_index));
-  r.mutable_event()->set_block_number(block);
-  r.mutable_event()->set_log_index(log_index);
-  r.mutable_event()->set_block_hash(absl::StrCat("0xb", block));
-  r.set_finality(handoff::v1::FINALITY_FINALIZED);
-  return r;
-}
 
 std::unique_ptr<SinkCore> OpenCore(const std::string& name, v1::FaultConfig faults = {},
                                    std::function<void()> hook = nullptr) {

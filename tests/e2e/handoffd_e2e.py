@@ -18,18 +18,17 @@ self-signed certificate, mTLS, and that no token ever appears in logs or replies
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
-from procs import generate_stubs, log, wait_until  # noqa: E402  (tests/testing/procs.py)
+import procs  # noqa: E402  (tests/testing/procs.py)
+from procs import generate_stubs, log, wait_until  # noqa: E402, F401
 
 OPERATOR_TOKEN = "e2e-operator-token-7d1f0c2a9b"
 READER_TOKEN = "e2e-reader-token-3c5e8a1f4d"
-START_TIMEOUT_S = 60
 RPC_TIMEOUT_S = 20
 
 
@@ -62,34 +61,17 @@ def read(path):
         return f.read()
 
 
-class Handoffd:
-    """The real binary: started on a free port, stopped with SIGTERM."""
+class Handoffd(procs.Handoffd):
+    """The real binary with metrics and debug logs, auth as each phase's flags say:
+    started on a free port, stopped with SIGTERM."""
+
+    BASE_FLAGS = ("--metrics_listen=127.0.0.1:0", "--health_listen=127.0.0.1:0",
+                  "--log_level=debug", "--shutdown_grace=10s")
+    PORTS = ("grpc", "health", "metrics")
 
     def __init__(self, binary, workdir, name, data_dir, flags):
-        self.name = name
-        self.port_file = os.path.join(workdir, name + ".port")
-        self.log_path = os.path.join(workdir, name + ".log")
-        if os.path.exists(self.port_file):
-            os.remove(self.port_file)
-        self.log_file = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [binary, "--listen=127.0.0.1:0", "--port_file=" + self.port_file,
-             "--data_dir=" + data_dir, "--metrics_listen=127.0.0.1:0", "--health_listen=127.0.0.1:0",
-             "--log_level=debug",
-             "--shutdown_grace=10s"] + flags,
-            stdout=self.log_file, stderr=subprocess.STDOUT)
-
-        def ready():
-            if self.proc.poll() is not None:
-                raise AssertionError("%s exited with %d before serving:\n%s" %
-                                     (name, self.proc.returncode, self.log()))
-            return os.path.exists(self.port_file)
-
-        wait_until(name + " port file", ready, START_TIMEOUT_S)
-        ports = dict(line.split() for line in read(self.port_file).decode().splitlines())
-        self.port, self.metrics_port = int(ports["grpc"]), int(ports["metrics"])
-        self.health_port = int(ports["health"])
-        self.target = "127.0.0.1:%d" % self.port
+        super().__init__(binary, workdir, name, data_dir, flags)
+        self.metrics_port = self.ports["metrics"]
 
     def thread_names(self):
         """The names of the process's threads (/proc/<pid>/task/*/comm)."""
@@ -122,17 +104,6 @@ class Handoffd:
 
     def log(self):
         return read(self.log_path).decode(errors="replace")
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout=60)
-        self.log_file.close()
-        assert rc == 0, "%s exited with %d after SIGTERM:\n%s" % (self.name, rc, self.log())
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 class Client:

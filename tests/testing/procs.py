@@ -92,7 +92,12 @@ def tail(path, lines=40):
 
 class Handoffd:
     """One incarnation of the real handoffd: started on port 0, then killed (SIGKILL)
-    or stopped (SIGTERM)."""
+    or stopped (SIGTERM). Subclasses change BASE_FLAGS and the ports they wait for."""
+
+    # Besides --listen, --port_file and --data_dir, which every incarnation gets.
+    BASE_FLAGS = ("--health_listen=127.0.0.1:0", "--insecure_disable_auth",
+                  "--shutdown_grace=20s")
+    PORTS = ("grpc", "health")
 
     def __init__(self, binary, workdir, name, data_dir, flags=(), wait_ready=True):
         self.name = name
@@ -101,9 +106,8 @@ class Handoffd:
         if os.path.exists(self.port_file):
             os.remove(self.port_file)
         self.log_file = open(self.log_path, "wb")
-        self.argv = [binary, "--listen=127.0.0.1:0", "--port_file=" + self.port_file,
-                     "--data_dir=" + data_dir, "--health_listen=127.0.0.1:0",
-                     "--insecure_disable_auth", "--shutdown_grace=20s"] + list(flags)
+        self.argv = ([binary, "--listen=127.0.0.1:0", "--port_file=" + self.port_file,
+                      "--data_dir=" + data_dir] + list(self.BASE_FLAGS) + list(flags))
         self.proc = subprocess.Popen(self.argv, stdout=self.log_file, stderr=subprocess.STDOUT)
         self.channel = None
         if wait_ready:
@@ -118,10 +122,11 @@ class Handoffd:
                 return False
             ports = dict(line.split() for line in read_text(self.port_file).splitlines()
                          if len(line.split()) == 2)
-            return ports if "grpc" in ports and "health" in ports else False
+            return ports if all(p in ports for p in self.PORTS) else False
 
-        ports = wait_until(self.name + " port file", ready, START_TIMEOUT_S)
-        self.port, self.health_port = int(ports["grpc"]), int(ports["health"])
+        self.ports = {k: int(v) for k, v in
+                      wait_until(self.name + " port file", ready, START_TIMEOUT_S).items()}
+        self.port, self.health_port = self.ports["grpc"], self.ports["health"]
         self.target = "127.0.0.1:%d" % self.port
         import grpc
         from handoff.v1 import consumer_admin_pb2_grpc

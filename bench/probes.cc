@@ -58,24 +58,21 @@ json Error(absl::string_view what, const absl::Status& s) {
 }
 json Error(absl::string_view what) { return json{{"error", std::string(what)}}; }
 
-double CpuSeconds() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
-         (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
-
-// What the process's threads did so far besides running (getrusage, all threads): the
-// times they slept or were preempted, and the pages they touched first.
-struct ProcessEvents {
+// What the process's threads have done so far (getrusage, all threads): their CPU
+// time, the times they slept or were preempted, and the pages they touched first.
+struct ProcessUsage {
+  double cpu_seconds = 0;
   int64_t context_switches = 0;
   int64_t minor_faults = 0;
 };
-ProcessEvents ReadProcessEvents() {
+ProcessUsage ReadProcessUsage() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
-  return ProcessEvents{ru.ru_nvcsw + ru.ru_nivcsw, ru.ru_minflt};
+  return ProcessUsage{ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+                          (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6,
+                      ru.ru_nvcsw + ru.ru_nivcsw, ru.ru_minflt};
 }
+double CpuSeconds() { return ReadProcessUsage().cpu_seconds; }
 
 // The machine's CPU time by kind so far (/proc/stat, all CPUs, in clock ticks): what
 // the hypervisor took ("steal": the vCPU was runnable but not running) over the total.
@@ -1082,15 +1079,14 @@ json Idle(const ProbeArgs& a) {
   // Settle: let every polling worker reach its capped idle backoff, as a long idle
   // period would (the 0.2 s -> 30 s growth takes ~40 s). SSE workers have no backoff.
   absl::SleepFor(a.transport == "sse" ? absl::Seconds(5) : absl::Seconds(a.window_s * 3));
-  const double cpu0 = CpuSeconds();
-  const ProcessEvents events0 = ReadProcessEvents();
+  const ProcessUsage usage0 = ReadProcessUsage();
   const MachineTicks ticks0 = ReadMachineTicks();
   const int64_t fetches0 = g_fetches.load();
   const absl::Time t0 = absl::Now();
   absl::SleepFor(absl::Seconds(a.window_s));
   const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
-  const double cpu = CpuSeconds() - cpu0;
-  const ProcessEvents events1 = ReadProcessEvents();
+  const ProcessUsage usage1 = ReadProcessUsage();
+  const double cpu = usage1.cpu_seconds - usage0.cpu_seconds;
   const int64_t fetches = g_fetches.load() - fetches0;
   const double per_poll = fetches > 0 ? 1.0 / fetches : 0.0;
   json out{{"sources", a.sources},
@@ -1102,8 +1098,8 @@ json Idle(const ProbeArgs& a) {
             // What a poll costs besides instructions: wake-ups and first touches, and
             // the hypervisor's share of the machine meanwhile.
             {"context_switches_per_poll",
-             (events1.context_switches - events0.context_switches) * per_poll},
-            {"minor_faults_per_poll", (events1.minor_faults - events0.minor_faults) * per_poll},
+             (usage1.context_switches - usage0.context_switches) * per_poll},
+            {"minor_faults_per_poll", (usage1.minor_faults - usage0.minor_faults) * per_poll},
             {"steal_fraction", StealFraction(ticks0, ReadMachineTicks())}};
   out.update(MemoryTerms(engine, a));
   return out;

@@ -348,6 +348,8 @@ std::vector<Row> BuildRows(const json& raw, const MemoryBound& bound) {
   for (const char* probe : {"idle_sse", "idle"}) {
     const bool sse = std::string(probe) == "idle_sse";
     const auto v = f.Get(probe, "core_fraction");
+    // The hypervisor's share of the vCPUs' time over the window (older reports: absent).
+    const auto steal = f.Get(probe, "steal_fraction");
     Row r;
     r.scenario = "7 idle cost";
     r.what = absl::StrCat(Num(f.Get(probe, "sources"), "%.0f"), sse ? " SSE" : " polling",
@@ -363,12 +365,7 @@ std::vector<Row> BuildRows(const json& raw, const MemoryBound& bound) {
                                              " context switches and ",
                                              Num(f.Get(probe, "minor_faults_per_poll"), "%.1f"),
                                              " page faults each"),
-                          ")");
-    // The hypervisor's share of the vCPUs' time over the window (older reports: absent).
-    if (const auto steal = f.Get(probe, "steal_fraction")) {
-      r.what.back() = ';';
-      absl::StrAppend(&r.what, absl::StrFormat(" steal %.1f%%)", *steal * 100));
-    }
+                          steal ? absl::StrFormat("; steal %.1f%%", *steal * 100) : "", ")");
     r.measured = v ? absl::StrFormat("%.2f%% of a core", *v * 100) : "n/a";
     r.limit = "-";
     r.ratio = "-";

@@ -99,11 +99,8 @@ class Handoffd(procs.Handoffd):
         return threads
 
     def log_entries(self, msg):
-        return [json.loads(line) for line in self.log().splitlines()
+        return [json.loads(line) for line in self.log_text().splitlines()
                 if '"%s"' % msg in line]
-
-    def log(self):
-        return read(self.log_path).decode(errors="replace")
 
 
 class Client:
@@ -228,7 +225,7 @@ def check_admin_threads_realtime(server):
     answered waits for the next call under SCHED_RR; without CAP_SYS_NICE, a warning
     saying why and normal threads."""
     serving = server.log_entries("serving")
-    assert serving, server.log()
+    assert serving, server.log_text()
     grpc_policies = [p for name, p in server.thread_policies() if name.startswith("grpcpp")]
     if serving[0].get("admin_threads") == "SCHED_RR 1":
         assert SCHED_RR in grpc_policies, server.thread_policies()
@@ -240,13 +237,13 @@ def check_admin_threads_realtime(server):
     else:
         assert serving[0].get("admin_threads") == "normal", serving
         warned = server.log_entries("admin calls run at normal priority")
-        assert warned and "CAP_SYS_NICE" in warned[0].get("reason", ""), server.log()
+        assert warned and "CAP_SYS_NICE" in warned[0].get("reason", ""), server.log_text()
         assert SCHED_RR not in grpc_policies, server.thread_policies()
         log("ok - no CAP_SYS_NICE: admin threads at normal priority, with a warning")
 
 
 def check_json_logs(server):
-    for line in server.log().splitlines():
+    for line in server.log_text().splitlines():
         entry = json.loads(line)  # every line is one JSON object
         assert {"ts", "level", "msg"} <= set(entry), line
 
@@ -265,10 +262,10 @@ def phase_plain(binary, workdir, data_dir):
         # The storage flags reach the database: its memory ceiling (store.h) is
         # 3 x 2 x (16 + 2 + 1) MiB of per-event memtables, 6 x 2 x (4 + 0.5 + 1) MiB of
         # small ones and the 32 MiB cache.
-        opened = [json.loads(line) for line in server.log().splitlines()
+        opened = [json.loads(line) for line in server.log_text().splitlines()
                   if '"database open"' in line]
-        assert opened and opened[0].get("memory_ceiling_mib") == "212", server.log()
-        assert opened[0].get("page_slots") == "5", server.log()  # --max_pages_in_flight
+        assert opened and opened[0].get("memory_ceiling_mib") == "212", server.log_text()
+        assert opened[0].get("page_slots") == "5", server.log_text()  # --max_pages_in_flight
         client = Client(grpc.insecure_channel(server.target))
         assert client.health_status("") == health_pb2.HealthCheckResponse.SERVING
         assert client.health_status("handoff.v1.ConsumerAdmin") == \
@@ -347,11 +344,11 @@ def phase_plain(binary, workdir, data_dir):
         check_metrics(server, "e2e-local")
     except BaseException:
         server.kill()
-        log(server.log())
+        log(server.log_text())
         raise
     server.stop()
     check_json_logs(server)
-    assert "authentication DISABLED" in server.log()
+    assert "authentication DISABLED" in server.log_text()
     log("ok - SIGTERM exits 0 after an ordered shutdown; logs are JSON lines")
 
 
@@ -370,7 +367,7 @@ def phase_secure(binary, workdir, data_dir, certs):
     server = Handoffd(binary, workdir, "secure", data_dir,
                       tls + ["--auth_tokens_file=" + tokens, "--admin_realtime_priority=0"])
     try:
-        assert server.log_entries("serving")[0].get("admin_threads") == "normal", server.log()
+        assert server.log_entries("serving")[0].get("admin_threads") == "normal", server.log_text()
         creds = grpc.ssl_channel_credentials(root_certificates=read(certs + "/server.pem"))
         channel = grpc.secure_channel(server.target, creds)
         anonymous, reader = Client(channel), Client(channel, READER_TOKEN)
@@ -421,12 +418,12 @@ def phase_secure(binary, workdir, data_dir, certs):
         log("ok - plaintext refused on the TLS port")
     except BaseException:
         server.kill()
-        log(server.log())
+        log(server.log_text())
         raise
     server.stop()
     check_json_logs(server)
     for secret in (OPERATOR_TOKEN, READER_TOKEN):
-        assert secret not in server.log(), "a token leaked into the log"
+        assert secret not in server.log_text(), "a token leaked into the log"
         for denial in denials:
             assert secret not in (denial.details() or ""), "a token leaked into an error"
     log("ok - no token in logs or errors")
@@ -449,7 +446,7 @@ def phase_secure(binary, workdir, data_dir, certs):
         log("ok - mTLS: no client certificate refused, a CA-signed one accepted")
     except BaseException:
         server.kill()
-        log(server.log())
+        log(server.log_text())
         raise
     server.stop()
 

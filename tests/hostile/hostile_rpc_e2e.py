@@ -177,7 +177,7 @@ def main():
         undisturbed("garbage bytes")
     except BaseException:
         server.kill()
-        e2e.log(server.log())
+        e2e.log(server.log_text())
         raise
     server.stop()
     e2e.log("ok - %d hostile RPC inputs refused with the right code, nothing disturbed" %

@@ -16,6 +16,8 @@ for s in "1 end to end" "2 many sources" "3 external sink" "4 recovery" "5 memor
 done
 # Scenario 2's largest row sets the engine beside the storage with as many writers.
 grep -q " writers, " "$out/REPORT.md" || { echo "REPORT.md lacks the bare RocksDB many-writer limit"; exit 1; }
+grep -q "polling sources, .* context switches and .* page faults each; steal " "$out/REPORT.md" ||
+  { echo "REPORT.md's idle polling row lacks its per-poll events or steal"; exit 1; }
 # Every probe must have produced figures, not an error.
 if grep -q "^## Failures" "$out/REPORT.md"; then
   cat "$out/REPORT.md"

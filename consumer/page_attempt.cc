@@ -48,6 +48,12 @@ store::Mark ToMark(const BlockMarkValue& m) {
 
 }  // namespace
 
+EarlyDelivery::~EarlyDelivery() {
+  if (answers.valid()) answers.wait();
+  deliveries.clear();
+  RowPool::Default().Give(std::move(rows));
+}
+
 PageAttempt::~PageAttempt() { RowPool::Default().Give(std::move(page_.items)); }
 
 PageAttempt::PageAttempt(const AttemptConfig& config, store::CheckpointRecord checkpoint,

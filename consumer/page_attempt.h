@@ -59,6 +59,12 @@ namespace handoff::consumer {
 // first call carries exactly these events; otherwise they are dropped unrecorded and the
 // events are delivered again later under the same idempotency keys, as after a crash.
 struct EarlyDelivery {
+  EarlyDelivery() = default;
+  EarlyDelivery(const EarlyDelivery&) = delete;
+  EarlyDelivery& operator=(const EarlyDelivery&) = delete;
+  // Waits for the call, then gives the rows to RowPool.
+  ~EarlyDelivery();
+
   std::vector<handoff::v1::EventRow> rows;  // in outbox order; `deliveries` point into it
   std::vector<Delivery> deliveries;
   std::future<std::vector<SinkAnswer>> answers;  // waits for the call when destroyed

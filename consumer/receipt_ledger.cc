@@ -18,9 +18,10 @@ absl::StatusOr<ReceiptLedger> ReceiptLedger::Load(const store::Store& store,
   ASSIGN_OR_RETURN(const std::unique_ptr<store::Store::SourceView> at,
                    store.NewSourceView(source_id));
   if (stage == store::Stage::kIngest) {
+    store::RowDecoder decoder;
+    handoff::v1::EventRow row;
     RETURN_IF_ERROR(at->ScanRows(from, to, [&](Position pos, absl::string_view value) {
-      handoff::v1::EventRow row;
-      absl::Status s = store::DecodeRow(value, &row);
+      absl::Status s = decoder.Decode(value, &row);
       if (!s.ok()) {
         parse_error = absl::DataLossError(absl::StrCat(s.message(), " at ", pos.DebugString()));
         return false;

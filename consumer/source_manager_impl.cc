@@ -656,6 +656,7 @@ absl::StatusOr<handoff::v1::QueryEventsResponse> SourceManagerImpl::QueryEvents(
   *response.mutable_checkpoint() = PublicCheckpoint(cp);
   absl::Status parse_error;
   std::optional<Position> next;
+  store::RowDecoder decoder;
   RETURN_IF_ERROR(store_->ScanRows(
       request.source_id(), from, to,
       [&](Position pos, absl::string_view value) {
@@ -663,7 +664,7 @@ absl::StatusOr<handoff::v1::QueryEventsResponse> SourceManagerImpl::QueryEvents(
           next = pos;
           return false;
         }
-        parse_error = store::DecodeRow(value, response.add_rows());
+        parse_error = decoder.Decode(value, response.add_rows());
         if (!parse_error.ok()) return false;
         return true;
       },

@@ -11,6 +11,7 @@
 #include "base/thread_name.h"
 #include "consumer/fault_points.h"
 #include "consumer/outcome_policy.h"
+#include "consumer/row_pool.h"
 #include "base/thread_priority.h"
 #include "store/row_codec.h"
 
@@ -554,19 +555,25 @@ absl::StatusOr<store::CheckpointRecord> SourceWorker::PublishedIngest() const {
 absl::Status SourceWorker::ReadOutbox(Position from, Position to, size_t limit,
                                       std::vector<handoff::v1::EventRow>* rows) const {
   if (to < from || limit == 0) return absl::OkStatus();
-  const size_t start = rows->size();
-  rows->reserve(start + std::min<size_t>(limit, 1024));
+  // Decoded into the rows of finished pages, reusing their strings' memory: Decode sets
+  // every field (RowPool's contract). `rows` is empty here (every caller's is new).
+  *rows = RowPool::Default().Take();
+  rows->reserve(std::min<size_t>(limit, 1024));
+  size_t used = 0;
+  store::RowDecoder decoder;
   absl::Status parse_error;
   absl::Status s = parts_.store->ScanOutbox(
       spec_.id(), from, to, [&](Position pos, absl::string_view value) {
-        absl::Status d = store::DecodeRow(value, &rows->emplace_back());
+        if (used == rows->size()) rows->emplace_back();
+        absl::Status d = decoder.Decode(value, &(*rows)[used]);
         if (!d.ok()) {
           parse_error = absl::DataLossError(
               absl::StrCat("outbox entry at ", pos.DebugString(), ": ", d.message()));
           return false;
         }
-        return rows->size() - start < limit;
+        return ++used < limit;
       });
+  rows->resize(used);
   return s.ok() ? parse_error : s;
 }
 
@@ -613,6 +620,9 @@ std::unique_ptr<EarlyDelivery> SourceWorker::SendEarly(Position after, Position 
   const std::vector<handoff::v1::EventRow>* read =
       ahead != nullptr ? ahead->RowsFrom(*from, to) : nullptr;
   if (read != nullptr) {
+    // Copied into recycled rows (their strings' memory reused): the read-ahead's rows
+    // become the next run's.
+    early->rows = RowPool::Default().Take();
     early->rows.assign(read->begin(), read->begin() + std::min(count, read->size()));
   } else if (!ReadOutbox(*from, to, count, &early->rows).ok()) {
     // A failed read sends nothing: the next attempt reads the outbox itself and reports it.

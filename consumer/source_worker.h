@@ -151,8 +151,9 @@ class SourceWorker {
 
   void IngestLoop();
   void DeliveryLoop();
-  // Appends to *rows, decoded and in order, the outbox entries in [from, to], at most
-  // `limit` of them. kDataLoss for an unreadable entry.
+  // Fills *rows (empty on entry) with the outbox entries in [from, to], decoded and in
+  // order, at most `limit` of them, in rows recycled from RowPool. kDataLoss for an
+  // unreadable entry.
   absl::Status ReadOutbox(Position from, Position to, size_t limit,
                           std::vector<handoff::v1::EventRow>* rows) const;
   // The next run's outbox rows, read on a helper thread while the current run is

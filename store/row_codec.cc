@@ -3,6 +3,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -248,6 +249,14 @@ std::string EncodeRow(const handoff::v1::EventRow& row) {
 }
 
 absl::Status DecodeRow(absl::string_view value, handoff::v1::EventRow* row) {
+  return RowDecoder().Decode(value, row);
+}
+
+RowDecoder::RowDecoder() : stored_(std::make_unique<StoredRow>()) {}
+
+RowDecoder::~RowDecoder() = default;
+
+absl::Status RowDecoder::Decode(absl::string_view value, handoff::v1::EventRow* row) {
   row->Clear();
   if (value.empty() || value[0] != kStoredRowFormat) {
     // Written before the StoredRow format: a serialized EventRow.
@@ -256,7 +265,8 @@ absl::Status DecodeRow(absl::string_view value, handoff::v1::EventRow* row) {
     }
     return absl::OkStatus();
   }
-  StoredRow stored;
+  // Parsing clears the message first and keeps its strings' memory.
+  StoredRow& stored = *stored_;
   if (!stored.ParseFromArray(value.data() + 1, static_cast<int>(value.size() - 1))) {
     return absl::DataLossError("unreadable row (StoredRow format)");
   }

@@ -2,6 +2,7 @@
 
 #include <random>
 #include <string>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "gtest/gtest.h"
@@ -170,6 +171,34 @@ TEST(RowCodecTest, UnreadableValuesAreDataLoss) {
   const std::string value = EncodeRow(CanonicalRow());
   EXPECT_EQ(DecodeRow(value.substr(0, value.size() - 3), &back).code(),
             absl::StatusCode::kDataLoss);
+}
+
+// One decoder over a scan of unlike rows (canonical and verbatim fields, more and fewer
+// topics, the earlier format, a bad value between them), each into a row that held the
+// one before: every row comes out as DecodeRow alone gives it, nothing carried over.
+TEST(RowCodecTest, ADecoderReusedOverAScanDecodesEachRowAlone) {
+  std::mt19937_64 rng(11);
+  std::vector<std::string> values;
+  for (int i = 0; i < 200; ++i) {
+    handoff::v1::EventRow row = CanonicalRow();
+    row.set_block_number(i);
+    row.clear_topics();
+    for (int t = 0; t < static_cast<int>(rng() % 5); ++t) row.add_topics(Hex(32, 'c'));
+    row.set_data("0x" + std::string(2 * (rng() % 300), '9'));
+    if (i % 7 == 0) row.set_address("not hex");
+    if (i % 11 == 0) row.clear_transaction_hash();
+    values.push_back(i % 13 == 0 ? row.SerializeAsString() : EncodeRow(row));
+    if (i % 17 == 0) values.push_back(std::string("\0\xff\xff\xff", 4));
+  }
+  RowDecoder decoder;
+  handoff::v1::EventRow reused;
+  for (const std::string& value : values) {
+    handoff::v1::EventRow alone;
+    const absl::Status expected = DecodeRow(value, &alone);
+    const absl::Status got = decoder.Decode(value, &reused);
+    ASSERT_EQ(got.code(), expected.code());
+    if (expected.ok()) EXPECT_EQ(reused.SerializeAsString(), alone.SerializeAsString());
+  }
 }
 
 }  // namespace

@@ -62,7 +62,7 @@ SinkAnswer ToAnswer(const ApplyResponse& response) {
 }
 
 void Fill(absl::string_view source_id, const Delivery& delivery, ApplyRequest* request) {
-  request->set_source_id(std::string(source_id.data(), source_id.size()));
+  request->mutable_source_id()->assign(source_id.data(), source_id.size());
   request->set_idempotency_key(delivery.idempotency_key);
   *request->mutable_event() = *delivery.row;
   request->set_finality(delivery.finality);
@@ -81,6 +81,42 @@ absl::Status CheckOptions(const GrpcEventSinkOptions& options) {
 }
 
 }  // namespace
+
+BatchCallPool& BatchCallPool::Default() {
+  static BatchCallPool* pool = new BatchCallPool(kPooledBatchCalls, kMaxPooledBatchCallBytes);
+  return *pool;
+}
+
+std::unique_ptr<BatchCall> BatchCallPool::Take() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!held_.empty()) {
+      std::unique_ptr<BatchCall> call = std::move(held_.back());
+      held_.pop_back();
+      return call;
+    }
+  }
+  return std::make_unique<BatchCall>();
+}
+
+void BatchCallPool::Give(std::unique_ptr<BatchCall> call) {
+  if (call == nullptr) return;
+  {
+    absl::MutexLock lock(&mu_);
+    if (held_.size() >= max_calls_) return;  // `call` is freed on return
+  }
+  // What the messages hold, their strings' capacity included: the pool's bound.
+  if (call->request.SpaceUsedLong() + call->response.SpaceUsedLong() > max_call_bytes_) return;
+  call->request.Clear();  // keeps the events' messages and their strings' memory
+  call->response.Clear();
+  absl::MutexLock lock(&mu_);
+  if (held_.size() < max_calls_) held_.push_back(std::move(call));
+}
+
+size_t BatchCallPool::held() const {
+  absl::MutexLock lock(&mu_);
+  return held_.size();
+}
 
 absl::StatusOr<std::unique_ptr<GrpcEventSink>> GrpcEventSink::Create(GrpcEventSinkOptions options) {
   absl::Status s = CheckOptions(options);
@@ -147,10 +183,11 @@ std::vector<SinkAnswer> GrpcEventSink::Deliver(absl::string_view source_id,
   while (i < deliveries.size()) {
     if (!per_event_.load()) {
       const size_t end = std::min(deliveries.size(), i + static_cast<size_t>(max_batch_));
-      handoff::v1::ApplyBatchRequest request;
-      for (size_t j = i; j < end; ++j) Fill(source_id, deliveries[j], request.add_events());
+      std::unique_ptr<BatchCall> call = BatchCallPool::Default().Take();
+      for (size_t j = i; j < end; ++j) Fill(source_id, deliveries[j], call->request.add_events());
       std::vector<SinkAnswer> chunk;
-      const BatchResult result = CallApplyBatch(request, &chunk);
+      const BatchResult result = CallApplyBatch(call.get(), &chunk);
+      BatchCallPool::Default().Give(std::move(call));
       if (result == BatchResult::kUnimplemented) {
         per_event_.store(true);  // re-send this chunk one by one
         continue;
@@ -197,8 +234,10 @@ bool GrpcEventSink::CallApply(const ApplyRequest& request, SinkAnswer* answer) {
   return true;
 }
 
-GrpcEventSink::BatchResult GrpcEventSink::CallApplyBatch(
-    const handoff::v1::ApplyBatchRequest& request, std::vector<SinkAnswer>* answers) {
+GrpcEventSink::BatchResult GrpcEventSink::CallApplyBatch(BatchCall* call,
+                                                         std::vector<SinkAnswer>* answers) {
+  const handoff::v1::ApplyBatchRequest& request = call->request;
+  handoff::v1::ApplyBatchResponse& response = call->response;
   const size_t n = request.events_size();
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
@@ -206,7 +245,6 @@ GrpcEventSink::BatchResult GrpcEventSink::CallApplyBatch(
     answers->assign(n, TransportError("sink cancelled"));
     return BatchResult::kFailed;
   }
-  handoff::v1::ApplyBatchResponse response;
   const grpc::Status s = stub_->ApplyBatch(&ctx, request, &response);
   Unregister(&ctx);
   if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) return BatchResult::kUnimplemented;

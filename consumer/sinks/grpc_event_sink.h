@@ -55,6 +55,50 @@ struct GrpcEventSinkOptions {
   absl::Duration max_reconnect_backoff = absl::Seconds(1);
 };
 
+// The messages of one ApplyBatch call.
+struct BatchCall {
+  handoff::v1::ApplyBatchRequest request;
+  handoff::v1::ApplyBatchResponse response;
+};
+
+// BatchCallPool: recycles ApplyBatch calls' messages. Filling a used request reuses its
+// events' messages and their strings' memory; a new one took ~10 heap blocks per event,
+// and allocating and freeing them was about a third of a FINALIZED delivery thread's
+// CPU (bench/HISTORY.md item 83).
+//
+// Invariants:
+//  - Calls handed out by Take() are empty (cleared when given back).
+//  - At most `max_calls` calls are held, none whose messages held more than
+//    `max_call_bytes` (capacity included) when given back: the pool's memory is bounded
+//    by max_calls x max_call_bytes, whatever the number of sinks.
+//
+// Thread-safe.
+class BatchCallPool {
+ public:
+  BatchCallPool(size_t max_calls, size_t max_call_bytes)
+      : max_calls_(max_calls), max_call_bytes_(max_call_bytes) {}
+
+  // The pool every GrpcEventSink shares: kPooledBatchCalls calls of at most
+  // kMaxPooledBatchCallBytes (a batch of 256 of the simulator's events is ~0.4 MB).
+  static constexpr size_t kPooledBatchCalls = 4;
+  static constexpr size_t kMaxPooledBatchCallBytes = size_t{2} << 20;
+  static BatchCallPool& Default();
+
+  // A held call, or a new one.
+  std::unique_ptr<BatchCall> Take() ABSL_LOCKS_EXCLUDED(mu_);
+  // Clears `call` (on the calling thread) and keeps it if there is room and it is within
+  // max_call_bytes; frees it otherwise.
+  void Give(std::unique_ptr<BatchCall> call) ABSL_LOCKS_EXCLUDED(mu_);
+
+  size_t held() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  const size_t max_calls_;
+  const size_t max_call_bytes_;
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<BatchCall>> held_ ABSL_GUARDED_BY(mu_);
+};
+
 class GrpcEventSink final : public ExternalSink {
  public:
   static constexpr int kMaxBatchLimit = 10000;
@@ -85,9 +129,9 @@ class GrpcEventSink final : public ExternalSink {
     kFailed,         // the RPC failed; all are kTransportError
     kUnimplemented,  // the sink has no ApplyBatch; `answers` untouched
   };
-  // One ApplyBatch RPC; fills one answer per event of `request` (except kUnimplemented).
-  BatchResult CallApplyBatch(const handoff::v1::ApplyBatchRequest& request,
-                             std::vector<SinkAnswer>* answers);
+  // One ApplyBatch RPC of `call->request` (its answer in `call->response`); fills one
+  // answer per event of the request (except kUnimplemented).
+  BatchResult CallApplyBatch(BatchCall* call, std::vector<SinkAnswer>* answers);
 
   // Registers `ctx` for Cancel(), or returns false if already cancelled.
   bool Register(grpc::ClientContext* ctx);

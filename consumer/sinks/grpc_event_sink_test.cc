@@ -110,6 +110,73 @@ TEST(GrpcEventSinkTest, BatchSendsChunksOfMaxBatch) {
   EXPECT_EQ(sink->stats().records(), 10u);
 }
 
+// Chunks sent in recycled calls carry exactly their own events: a long-topic, long-data
+// batch followed by short ones of another source leaves nothing of itself in them.
+TEST(GrpcEventSinkTest, RecycledCallsCarryOnlyTheirOwnEvents) {
+  auto sink = StartSink("recycled");
+  auto client = Client(*sink, /*batch=*/true, /*max_batch=*/3);
+  std::vector<handoff::v1::EventRow> rows;
+  for (int i = 0; i < 12; ++i) {
+    handoff::v1::EventRow row;
+    row.set_block_number(500 + i);
+    row.set_log_index(i);
+    row.set_block_hash(absl::StrCat("0x", std::string(64, 'a' + i % 6)));
+    // The first six: four topics and long data; the last six: none and short.
+    for (int t = 0; i < 6 && t < 4; ++t) row.add_topics(absl::StrCat("0x", std::string(64, '1')));
+    row.set_data(i < 6 ? absl::StrCat("0x", std::string(4096, 'f')) : "0x01");
+    rows.push_back(row);
+  }
+  std::vector<Delivery> first, second;
+  for (int i = 0; i < 12; ++i) {
+    const std::string source = i < 6 ? "long-src" : "s";
+    (i < 6 ? first : second)
+        .push_back(Delivery{IdempotencyKey(source, rows[i]), &rows[i],
+                            i < 6 ? handoff::v1::FINALITY_SAFE : handoff::v1::FINALITY_FINALIZED});
+  }
+  EXPECT_EQ(Kinds(client->Deliver("long-src", first)), std::vector<Kind>(6, Kind::kApplied));
+  EXPECT_EQ(Kinds(client->Deliver("s", second)), std::vector<Kind>(6, Kind::kApplied));
+  auto records = sink->Records();
+  ASSERT_TRUE(records.ok());
+  ASSERT_EQ(records->size(), 12u);
+  for (int i = 0; i < 12; ++i) {
+    const Delivery& d = i < 6 ? first[i] : second[i - 6];
+    const auto& r = records->at(d.idempotency_key);
+    EXPECT_EQ(r.request.source_id(), i < 6 ? "long-src" : "s");
+    EXPECT_EQ(r.request.idempotency_key(), d.idempotency_key);
+    EXPECT_EQ(r.request.finality(), d.finality);
+    EXPECT_EQ(r.request.event().SerializeAsString(), rows[i].SerializeAsString()) << i;
+  }
+}
+
+TEST(BatchCallPoolTest, HandsOutEmptyCallsAndKeepsABoundedFew) {
+  BatchCallPool pool(/*max_calls=*/2, /*max_call_bytes=*/64 << 10);
+  std::unique_ptr<BatchCall> a = pool.Take();
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->request.events_size(), 0);
+  a->request.add_events()->set_idempotency_key("k");
+  a->response.add_results()->set_message("m");
+  const handoff::v1::ApplyBatchRequest* kept = &a->request;
+  pool.Give(std::move(a));
+  EXPECT_EQ(pool.held(), 1u);
+  std::unique_ptr<BatchCall> b = pool.Take();
+  EXPECT_EQ(&b->request, kept);  // the same call back, cleared
+  EXPECT_EQ(b->request.events_size(), 0);
+  EXPECT_EQ(b->response.results_size(), 0);
+  EXPECT_EQ(pool.held(), 0u);
+  // No more than max_calls are kept.
+  pool.Give(std::move(b));
+  pool.Give(pool.Take());
+  pool.Give(std::make_unique<BatchCall>());
+  pool.Give(std::make_unique<BatchCall>());
+  EXPECT_EQ(pool.held(), 2u);
+  // Nor a call that held more than max_call_bytes.
+  BatchCallPool small(/*max_calls=*/2, /*max_call_bytes=*/64 << 10);
+  auto big = std::make_unique<BatchCall>();
+  big->request.add_events()->mutable_event()->set_data(std::string(128 << 10, 'f'));
+  small.Give(std::move(big));
+  EXPECT_EQ(small.held(), 0u);
+}
+
 TEST(GrpcEventSinkTest, OutcomesMapToAnswerKinds) {
   FaultConfig faults;
   faults.mutable_reject()->add_blocks(100);

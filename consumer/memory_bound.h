@@ -33,8 +33,8 @@
 // Not a page term: a gated source's delivery stage holds at most two runs of decoded
 // outbox rows (SourceWorker's current run and the one read ahead) and one sink batch's
 // copy for the lookahead call, each row at most kRowBytesPerWireByte times its wire size
-// (README.md, "Memory"); nor the ApplyBatch calls GrpcEventSink recycles, a constant
-// (BatchCallPool: kPooledBatchCalls x kMaxPooledBatchCallBytes per process).
+// (README.md, "Memory"); nor the ApplyBatch calls GrpcEventSink recycles (per process,
+// BatchCallPool::kPooledBatchCalls sink batches).
 #ifndef HANDOFF_CONSUMER_MEMORY_BOUND_H_
 #define HANDOFF_CONSUMER_MEMORY_BOUND_H_
 

@@ -83,7 +83,7 @@ absl::Status CheckOptions(const GrpcEventSinkOptions& options) {
 }  // namespace
 
 BatchCallPool& BatchCallPool::Default() {
-  static BatchCallPool* pool = new BatchCallPool(kPooledBatchCalls, kMaxPooledBatchCallBytes);
+  static BatchCallPool* pool = new BatchCallPool(kPooledBatchCalls);
   return *pool;
 }
 
@@ -105,8 +105,6 @@ void BatchCallPool::Give(std::unique_ptr<BatchCall> call) {
     absl::MutexLock lock(&mu_);
     if (held_.size() >= max_calls_) return;  // `call` is freed on return
   }
-  // What the messages hold, their strings' capacity included: the pool's bound.
-  if (call->request.SpaceUsedLong() + call->response.SpaceUsedLong() > max_call_bytes_) return;
   call->request.Clear();  // keeps the events' messages and their strings' memory
   call->response.Clear();
   absl::MutexLock lock(&mu_);

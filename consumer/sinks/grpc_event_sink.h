@@ -68,33 +68,30 @@ struct BatchCall {
 //
 // Invariants:
 //  - Calls handed out by Take() are empty (cleared when given back).
-//  - At most `max_calls` calls are held, none whose messages held more than
-//    `max_call_bytes` (capacity included) when given back: the pool's memory is bounded
-//    by max_calls x max_call_bytes, whatever the number of sinks.
+//  - At most `max_calls` calls are held, whatever the number of sinks. A held call keeps
+//    the memory of the events it carried (its largest batch's, strings included), so the
+//    pool holds at most max_calls sink batches: max_calls x the largest max_batch x the
+//    largest event (README.md, "Memory").
 //
 // Thread-safe.
 class BatchCallPool {
  public:
-  BatchCallPool(size_t max_calls, size_t max_call_bytes)
-      : max_calls_(max_calls), max_call_bytes_(max_call_bytes) {}
+  explicit BatchCallPool(size_t max_calls) : max_calls_(max_calls) {}
 
-  // The pool every GrpcEventSink shares: kPooledBatchCalls calls of at most
-  // kMaxPooledBatchCallBytes (a batch of 256 of the simulator's events is ~0.4 MB).
+  // The pool every GrpcEventSink shares (a delivering source has one call in flight).
   static constexpr size_t kPooledBatchCalls = 4;
-  static constexpr size_t kMaxPooledBatchCallBytes = size_t{2} << 20;
   static BatchCallPool& Default();
 
   // A held call, or a new one.
   std::unique_ptr<BatchCall> Take() ABSL_LOCKS_EXCLUDED(mu_);
-  // Clears `call` (on the calling thread) and keeps it if there is room and it is within
-  // max_call_bytes; frees it otherwise.
+  // Clears `call` (on the calling thread) and keeps it if there is room; frees it
+  // otherwise.
   void Give(std::unique_ptr<BatchCall> call) ABSL_LOCKS_EXCLUDED(mu_);
 
   size_t held() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   const size_t max_calls_;
-  const size_t max_call_bytes_;
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<BatchCall>> held_ ABSL_GUARDED_BY(mu_);
 };

@@ -190,35 +190,21 @@ size_t CurlSession::WriteCallback(char* data, size_t size, size_t n, void* user)
 }
 
 std::unique_ptr<CurlSession> CurlSessionPool::Take() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!idle_.empty()) {
-      std::unique_ptr<CurlSession> session = std::move(idle_.back());
-      idle_.pop_back();
-      return session;
-    }
-    ++created_;
-  }
+  std::unique_ptr<CurlSession> session = idle_.Take();
+  if (session != nullptr) return session;
+  created_.fetch_add(1, std::memory_order_relaxed);
   return std::make_unique<CurlSession>();
 }
 
 void CurlSessionPool::Give(std::unique_ptr<CurlSession> session) {
   if (session == nullptr || !session->ok()) return;
-  std::unique_ptr<CurlSession> evicted;  // closed outside the lock
-  absl::MutexLock lock(&mu_);
-  if (max_idle_ == 0) return;
-  if (idle_.size() >= max_idle_) {
-    evicted = std::move(idle_.front());
-    idle_.erase(idle_.begin());
-  }
-  idle_.push_back(std::move(session));
+  idle_.Give(std::move(session));
 }
 
 CurlSessionPool::Stats CurlSessionPool::stats() const {
-  absl::MutexLock lock(&mu_);
   Stats s;
-  s.created = created_;
-  s.idle = static_cast<int64_t>(idle_.size());
+  s.created = created_.load(std::memory_order_relaxed);
+  s.idle = static_cast<int64_t>(idle_.held());
   return s;
 }
 

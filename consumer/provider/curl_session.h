@@ -37,6 +37,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/recycler.h"
 
 namespace handoff::consumer {
 
@@ -117,20 +118,18 @@ class CurlSessionPool {
     int64_t idle = 0;     // sessions idle in the pool now
   };
 
-  explicit CurlSessionPool(size_t max_idle) : max_idle_(max_idle) {}
+  explicit CurlSessionPool(size_t max_idle) : idle_(max_idle) {}
 
   // The most recently returned idle session, or a new one (check ok()).
-  std::unique_ptr<CurlSession> Take() ABSL_LOCKS_EXCLUDED(mu_);
+  std::unique_ptr<CurlSession> Take();
   // Returns a session for reuse; beyond max_idle the least recently used is closed.
-  void Give(std::unique_ptr<CurlSession> session) ABSL_LOCKS_EXCLUDED(mu_);
+  void Give(std::unique_ptr<CurlSession> session);
 
-  Stats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  Stats stats() const;
 
  private:
-  const size_t max_idle_;
-  mutable absl::Mutex mu_;
-  std::vector<std::unique_ptr<CurlSession>> idle_ ABSL_GUARDED_BY(mu_);  // back = newest
-  int64_t created_ ABSL_GUARDED_BY(mu_) = 0;
+  Recycler<CurlSession> idle_;
+  std::atomic<int64_t> created_{0};
 };
 
 }  // namespace handoff::consumer

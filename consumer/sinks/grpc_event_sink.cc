@@ -88,32 +88,15 @@ BatchCallPool& BatchCallPool::Default() {
 }
 
 std::unique_ptr<BatchCall> BatchCallPool::Take() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!held_.empty()) {
-      std::unique_ptr<BatchCall> call = std::move(held_.back());
-      held_.pop_back();
-      return call;
-    }
-  }
-  return std::make_unique<BatchCall>();
+  std::unique_ptr<BatchCall> call = held_.Take();
+  return call != nullptr ? std::move(call) : std::make_unique<BatchCall>();
 }
 
 void BatchCallPool::Give(std::unique_ptr<BatchCall> call) {
   if (call == nullptr) return;
-  {
-    absl::MutexLock lock(&mu_);
-    if (held_.size() >= max_calls_) return;  // `call` is freed on return
-  }
   call->request.Clear();  // keeps the events' messages and their strings' memory
   call->response.Clear();
-  absl::MutexLock lock(&mu_);
-  if (held_.size() < max_calls_) held_.push_back(std::move(call));
-}
-
-size_t BatchCallPool::held() const {
-  absl::MutexLock lock(&mu_);
-  return held_.size();
+  held_.Give(std::move(call));
 }
 
 absl::StatusOr<std::unique_ptr<GrpcEventSink>> GrpcEventSink::Create(GrpcEventSinkOptions options) {

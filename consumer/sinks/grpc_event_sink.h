@@ -34,6 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "base/recycler.h"
 #include "consumer/sink.h"
 #include "grpcpp/grpcpp.h"
 #include "handoff/v1/event_sink.grpc.pb.h"
@@ -76,24 +77,22 @@ struct BatchCall {
 // Thread-safe.
 class BatchCallPool {
  public:
-  explicit BatchCallPool(size_t max_calls) : max_calls_(max_calls) {}
+  explicit BatchCallPool(size_t max_calls) : held_(max_calls) {}
 
   // The pool every GrpcEventSink shares (a delivering source has one call in flight).
   static constexpr size_t kPooledBatchCalls = 4;
   static BatchCallPool& Default();
 
   // A held call, or a new one.
-  std::unique_ptr<BatchCall> Take() ABSL_LOCKS_EXCLUDED(mu_);
-  // Clears `call` (on the calling thread) and keeps it if there is room; frees it
-  // otherwise.
-  void Give(std::unique_ptr<BatchCall> call) ABSL_LOCKS_EXCLUDED(mu_);
+  std::unique_ptr<BatchCall> Take();
+  // Clears `call` (on the calling thread) and keeps it; beyond max_calls the oldest held
+  // is freed.
+  void Give(std::unique_ptr<BatchCall> call);
 
-  size_t held() const ABSL_LOCKS_EXCLUDED(mu_);
+  size_t held() const { return held_.held(); }
 
  private:
-  const size_t max_calls_;
-  mutable absl::Mutex mu_;
-  std::vector<std::unique_ptr<BatchCall>> held_ ABSL_GUARDED_BY(mu_);
+  Recycler<BatchCall> held_;
 };
 
 class GrpcEventSink final : public ExternalSink {

@@ -573,7 +573,13 @@ absl::Status SourceWorker::ReadOutbox(Position from, Position to, size_t limit,
         }
         return ++used < limit;
       });
-  rows->resize(used);
+  if (used == 0) {
+    // Nothing read (a caught-up delivery rechecks often): the rows go back unused.
+    RowPool::Default().Give(std::move(*rows));
+    rows->clear();
+  } else {
+    rows->resize(used);
+  }
   return s.ok() ? parse_error : s;
 }
 

@@ -626,8 +626,9 @@ std::unique_ptr<EarlyDelivery> SourceWorker::SendEarly(Position after, Position 
   const std::vector<handoff::v1::EventRow>* read =
       ahead != nullptr ? ahead->RowsFrom(*from, to) : nullptr;
   if (read != nullptr) {
-    // Copied (the read-ahead's rows become the next run's) into new rows: recycled ones
-    // would be a page's worth, and all but a sink batch of them would be freed here.
+    // Copied into recycled rows (their strings' memory reused): the read-ahead's rows
+    // become the next run's.
+    early->rows = RowPool::Default().Take();
     early->rows.assign(read->begin(), read->begin() + std::min(count, read->size()));
   } else if (!ReadOutbox(*from, to, count, &early->rows).ok()) {
     // A failed read sends nothing: the next attempt reads the outbox itself and reports it.

@@ -248,15 +248,12 @@ std::string EncodeRow(const handoff::v1::EventRow& row) {
   return out;
 }
 
-absl::Status DecodeRow(absl::string_view value, handoff::v1::EventRow* row) {
-  return RowDecoder().Decode(value, row);
-}
+namespace {
 
-RowDecoder::RowDecoder() : stored_(std::make_unique<StoredRow>()) {}
-
-RowDecoder::~RowDecoder() = default;
-
-absl::Status RowDecoder::Decode(absl::string_view value, handoff::v1::EventRow* row) {
+// Decodes `value` into *row through *stored_row, the parsed form (parsing clears it
+// first and keeps its strings' memory).
+absl::Status DecodeRowWith(absl::string_view value, StoredRow* stored_row,
+                           handoff::v1::EventRow* row) {
   row->Clear();
   if (value.empty() || value[0] != kStoredRowFormat) {
     // Written before the StoredRow format: a serialized EventRow.
@@ -265,8 +262,7 @@ absl::Status RowDecoder::Decode(absl::string_view value, handoff::v1::EventRow* 
     }
     return absl::OkStatus();
   }
-  // Parsing clears the message first and keeps its strings' memory.
-  StoredRow& stored = *stored_;
+  StoredRow& stored = *stored_row;
   if (!stored.ParseFromArray(value.data() + 1, static_cast<int>(value.size() - 1))) {
     return absl::DataLossError("unreadable row (StoredRow format)");
   }
@@ -283,6 +279,21 @@ absl::Status RowDecoder::Decode(absl::string_view value, handoff::v1::EventRow* 
                  row->mutable_transaction_hash());
   row->set_transaction_index(stored.transaction_index());
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DecodeRow(absl::string_view value, handoff::v1::EventRow* row) {
+  StoredRow stored;
+  return DecodeRowWith(value, &stored, row);
+}
+
+RowDecoder::RowDecoder() : stored_(std::make_unique<StoredRow>()) {}
+
+RowDecoder::~RowDecoder() = default;
+
+absl::Status RowDecoder::Decode(absl::string_view value, handoff::v1::EventRow* row) {
+  return DecodeRowWith(value, stored_.get(), row);
 }
 
 }  // namespace handoff::store

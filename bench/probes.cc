@@ -797,7 +797,16 @@ absl::Status PrepareRecoveryRun(const ProbeArgs& a, const std::string& db_path) 
               cp.SerializeAsString());
     batch.DeleteRange(raw.cf["rows"], store::keys::Positional(id, Position{blocks, 0}),
                       store::keys::PrefixSuccessor(store::keys::SourcePrefix(id)));
+    // The generated rows are of epoch 0 (the layout written without an epoch, store.h):
+    // one segment from position 0, and none of an earlier run's above them.
+    batch.Put(raw.cf["row_segments"], store::keys::Positional(id, Position{0, 0}),
+              store::keys::RowEpochPrefix(0));
+    batch.DeleteRange(raw.cf["row_segments"], store::keys::Positional(id, Position{blocks, 0}),
+                      store::keys::PrefixSuccessor(store::keys::SourcePrefix(id)));
   }
+  // Every row an earlier run committed has an epoch above 0.
+  batch.DeleteRange(raw.cf["rows"], store::keys::RowEpochPrefix(1),
+                    store::keys::RowEpochPrefix(store::keys::kMaxRowEpoch + 1));
   rocksdb::WriteOptions wo;
   wo.sync = true;
   rocksdb::Status s = raw.db->Write(wo, &batch);

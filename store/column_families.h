@@ -13,9 +13,10 @@ struct ColumnFamilies {
   rocksdb::ColumnFamilyHandle* receipts = nullptr;     // <id,stage,pos> -> ReceiptRecord
   rocksdb::ColumnFamilyHandle* quarantine = nullptr;   // <id,stage,pos> -> QuarantineRecord
   rocksdb::ColumnFamilyHandle* holds = nullptr;        // <id,stage,pos> -> Hold
-  rocksdb::ColumnFamilyHandle* rows = nullptr;         // <id,pos> -> encoded EventRow (row_codec.h)
+  rocksdb::ColumnFamilyHandle* rows = nullptr;         // <epoch,id,pos> -> encoded EventRow (row_codec.h)
   rocksdb::ColumnFamilyHandle* outbox = nullptr;       // <id,pos> -> "" (= its row) or a row
   rocksdb::ColumnFamilyHandle* meta = nullptr;         // name -> value
+  rocksdb::ColumnFamilyHandle* row_segments = nullptr;  // <id,pos> -> epoch (store.h)
 };
 
 }  // namespace handoff::store

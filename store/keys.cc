@@ -63,6 +63,48 @@ std::string Positional(absl::string_view source_id, Position pos) {
   return k;
 }
 
+void AssignRowKey(uint64_t epoch, absl::string_view source_id, Position pos, std::string* out) {
+  if (epoch == 0) {
+    AssignEventKey(source_id, std::nullopt, pos, out);
+    return;
+  }
+  out->clear();
+  out->reserve(8 + source_id.size() + 1 + 16);
+  AppendBigEndian64(out, epoch);
+  out->append(source_id.data(), source_id.size());
+  out->push_back('\0');
+  AppendBigEndian64(out, pos.block);
+  AppendBigEndian64(out, pos.log_index);
+}
+
+std::string RowKey(uint64_t epoch, absl::string_view source_id, Position pos) {
+  std::string k;
+  AssignRowKey(epoch, source_id, pos, &k);
+  return k;
+}
+
+std::string RowRangeBegin(uint64_t epoch, absl::string_view source_id) {
+  std::string k = epoch == 0 ? std::string() : RowEpochPrefix(epoch);
+  k.append(source_id.data(), source_id.size());
+  k.push_back('\0');
+  return k;
+}
+
+std::string RowRangeEnd(uint64_t epoch, absl::string_view source_id) {
+  return PrefixSuccessor(RowRangeBegin(epoch, source_id));
+}
+
+uint64_t RowKeyEpoch(absl::string_view row_key) {
+  if (row_key.size() < 8 || row_key[0] != '\0') return 0;
+  return DecodeBigEndian64(row_key.data());
+}
+
+std::string RowEpochPrefix(uint64_t epoch) {
+  std::string k;
+  AppendBigEndian64(&k, epoch);
+  return k;
+}
+
 std::string StagePrefix(absl::string_view source_id, Stage stage) {
   std::string k = SourcePrefix(source_id);
   k.push_back(static_cast<char>(stage));

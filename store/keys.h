@@ -8,7 +8,11 @@
 //
 //   sources:      <id>
 //   checkpoints:  <id> 0x00 <stage>
-//   rows, outbox: <id> 0x00 <block:be64> <log_index:be64>
+//   rows:         <epoch:be64> <id> 0x00 <block:be64> <log_index:be64>
+//                 (epoch >= 1, see RowKey; epoch 0 rows, written before schema 4, are
+//                 keyed as outbox entries are)
+//   row_segments: <id> 0x00 <block:be64> <log_index:be64> -> <epoch:be64>
+//   outbox:       <id> 0x00 <block:be64> <log_index:be64>
 //   receipts, quarantine, holds:
 //                 <id> 0x00 <stage> <block:be64> <log_index:be64>
 //   meta:         ascii names ("schema_version")
@@ -49,7 +53,24 @@ void AssignStaged(absl::string_view source_id, Stage stage, Position pos, std::s
 // The prefix of every staged key of (source, stage).
 std::string StagePrefix(absl::string_view source_id, Stage stage);
 
-// Decodes the position at the end of a positional or staged key.
+// A row's key: its write epoch first, so that rows are keyed in the order they are
+// written whichever source they belong to (store.h, "Row epochs"), then the positional
+// key. Epoch 0 is the layout of rows written before schema 4: the positional key alone.
+// Epoch keys begin with a zero byte (epochs stay below 2^56), which no source id does, so
+// every epoch key sorts before every epoch-0 key.
+std::string RowKey(uint64_t epoch, absl::string_view source_id, Position pos);
+void AssignRowKey(uint64_t epoch, absl::string_view source_id, Position pos, std::string* out);
+// The first key of epoch `epoch`'s rows of `source_id` and the key after its last.
+std::string RowRangeBegin(uint64_t epoch, absl::string_view source_id);
+std::string RowRangeEnd(uint64_t epoch, absl::string_view source_id);
+// The epoch of a row key (0 for an epoch-0 key).
+uint64_t RowKeyEpoch(absl::string_view row_key);
+// The first key of epoch `epoch`, whatever the source: epoch keys of epochs below it sort
+// before it. RowEpochPrefix(kMaxRowEpoch + 1) is the first key after every epoch key.
+std::string RowEpochPrefix(uint64_t epoch);
+inline constexpr uint64_t kMaxRowEpoch = (uint64_t{1} << 56) - 1;
+
+// Decodes the position at the end of a positional, staged or row key.
 absl::StatusOr<Position> DecodePosition(absl::string_view key);
 
 // Appends `v` big-endian (8 bytes).

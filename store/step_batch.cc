@@ -19,14 +19,31 @@ const std::string& StepBatch::StagedKey(Stage stage, Position pos) {
   return key_;
 }
 
-void StepBatch::PutRow(Position pos, absl::string_view serialized_row) {
-  batch_.Put(cfs_->rows, PositionalKey(pos),
-             rocksdb::Slice(serialized_row.data(), serialized_row.size()));
+namespace {
+
+size_t VarintLength(uint64_t v) {
+  size_t n = 1;
+  while (v >= 128) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
 }
 
-void StepBatch::DeleteRow(Position pos) {
-  batch_.Delete(cfs_->rows, PositionalKey(pos));
+}  // namespace
+
+void StepBatch::PutRow(Position pos, absl::string_view serialized_row) {
+  // Epoch 1 as the placeholder: the key's length and layout are final, only its first
+  // eight bytes change (Store::CommitStep).
+  keys::AssignRowKey(1, source_id_, pos, &key_);
+  batch_.Put(cfs_->rows, key_, rocksdb::Slice(serialized_row.data(), serialized_row.size()));
+  // A Put record ends with the key, the value's varint length and the value.
+  const size_t end = batch_.GetDataSize();
+  row_puts_.push_back(RowPut{
+      pos, end - serialized_row.size() - VarintLength(serialized_row.size()) - key_.size()});
 }
+
+void StepBatch::DeleteRow(Position pos) { row_deletes_.push_back(pos); }
 
 void StepBatch::PutReceipt(Stage stage, Position pos, const ReceiptRecord& receipt) {
   Put(cfs_->receipts, StagedKey(stage, pos), receipt);

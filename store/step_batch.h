@@ -10,6 +10,7 @@
 #define HANDOFF_STORE_STEP_BATCH_H_
 
 #include <optional>
+#include <vector>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -36,7 +37,10 @@ class StepBatch {
   const std::string& source_id() const { return source_id_; }
 
   // Derived rows. `row` is an encoded event row (store/row_codec.h); a row is also the ingest
-  // receipt of its event when the source's effect is local rows.
+  // receipt of its event when the source's effect is local rows. A row's key names the
+  // epoch it is written in, which only Store::CommitStep knows: the batch holds the key
+  // with a placeholder epoch that the commit fills in, and a deletion is only noted
+  // (the commit finds the epoch that holds the row). See store.h, "Row epochs".
   void PutRow(Position pos, absl::string_view serialized_row);
   void DeleteRow(Position pos);
 
@@ -63,9 +67,9 @@ class StepBatch {
   const std::optional<Position>& lowest_outbox_write() const { return lowest_outbox_write_; }
   bool deletes_outbox() const { return deletes_outbox_; }
 
-  // Number of operations added so far.
-  int count() const { return batch_.Count(); }
-  bool empty() const { return batch_.Count() == 0; }
+  // Number of operations added so far (a noted row deletion counts once added).
+  int count() const { return batch_.Count() + static_cast<int>(row_deletes_.size()); }
+  bool empty() const { return count() == 0; }
   size_t byte_size() const { return batch_.GetDataSize(); }
   // True once the step puts or deletes a hold or a quarantine record: what operators
   // list and act on (such a step is never committed deferred, see Store::CommitStep).
@@ -75,6 +79,8 @@ class StepBatch {
     changes_operator_records_ = false;
     lowest_outbox_write_.reset();
     deletes_outbox_ = false;
+    row_puts_.clear();
+    row_deletes_.clear();
   }
 
  private:
@@ -92,6 +98,12 @@ class StepBatch {
   const std::string& PositionalKey(Position pos);
   const std::string& StagedKey(Stage stage, Position pos);
 
+  // A row put: its position and where its key's epoch bytes lie in the batch.
+  struct RowPut {
+    Position pos;
+    size_t epoch_offset;
+  };
+
   const ColumnFamilies* const cfs_;
   const std::string source_id_;
   rocksdb::WriteBatch batch_;
@@ -100,6 +112,8 @@ class StepBatch {
   bool changes_operator_records_ = false;
   std::optional<Position> lowest_outbox_write_;
   bool deletes_outbox_ = false;
+  std::vector<RowPut> row_puts_;        // in the order put
+  std::vector<Position> row_deletes_;  // resolved to keys by the commit
 };
 
 }  // namespace handoff::store

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <set>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -35,7 +37,7 @@ constexpr char kVersionFloorPrefix[] = "version_floor/";
 // translation unit and need not be constructed when this array is initialised.
 const char* const kFamilyNames[] = {
     "default", "sources", "checkpoints", "receipts", "quarantine", "holds", "rows", "outbox",
-    "meta",
+    "meta", "row_segments",
 };
 constexpr int kFamilyCount = sizeof(kFamilyNames) / sizeof(kFamilyNames[0]);
 
@@ -222,6 +224,7 @@ Store::Store(const StoreOptions& options, rocksdb::DB* db,
   cfs_.rows = handles_[6];
   cfs_.outbox = handles_[7];
   cfs_.meta = handles_[8];
+  cfs_.row_segments = handles_[9];
   write_options_.sync = options.sync;
   if (options.sync) syncer_ = std::make_unique<WalSyncer>([this] { return SyncWal(); });
 }
@@ -277,11 +280,233 @@ absl::Status Store::CheckSchema() {
         "; refusing to open (upgrade or use another data_dir)"));
   }
   if (version < kSchemaVersion) {
+    rocksdb::WriteBatch batch;
+    if (version < 4) RETURN_IF_ERROR(AddEpochZeroSegments(&batch));
+    batch.Put(cfs_.meta, kSchemaKey, std::to_string(kSchemaVersion));
     rocksdb::WriteOptions wo;
     wo.sync = true;
-    return FromRocks(db_->Put(wo, cfs_.meta, kSchemaKey, std::to_string(kSchemaVersion)),
-                     "upgrade schema version");
+    RETURN_IF_ERROR(FromRocks(db_->Write(wo, &batch), "upgrade schema version"));
   }
+  return StartRowEpoch();
+}
+
+// ---- Row epochs ----
+
+namespace {
+
+std::string EncodeEpoch(uint64_t epoch) { return keys::RowEpochPrefix(epoch); }
+
+bool HasPrefix(const rocksdb::Slice& key, absl::string_view prefix) {
+  return key.size() >= prefix.size() && memcmp(key.data(), prefix.data(), prefix.size()) == 0;
+}
+
+constexpr Position kMaxPosition{std::numeric_limits<uint64_t>::max(),
+                                std::numeric_limits<uint64_t>::max()};
+
+}  // namespace
+
+absl::Status Store::StartRowEpoch() {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), cfs_.rows));
+  it->SeekForPrev(keys::RowEpochPrefix(keys::kMaxRowEpoch + 1));
+  uint64_t highest = 0;
+  if (it->Valid()) highest = keys::RowKeyEpoch(View(it->key()));
+  RETURN_IF_ERROR(FromRocks(it->status(), "find the last row epoch"));
+  if (highest >= keys::kMaxRowEpoch) {
+    return absl::FailedPreconditionError("store: every row epoch is used up");
+  }
+  absl::MutexLock lock(&epoch_mu_);
+  row_epoch_ = highest + 1;
+  return absl::OkStatus();
+}
+
+uint64_t Store::row_epoch() const {
+  absl::ReaderMutexLock lock(&epoch_mu_);
+  return row_epoch_;
+}
+
+absl::Status Store::AddEpochZeroSegments(rocksdb::WriteBatch* batch) const {
+  std::unique_ptr<rocksdb::Iterator> sources(db_->NewIterator(rocksdb::ReadOptions(), cfs_.sources));
+  std::unique_ptr<rocksdb::Iterator> rows(db_->NewIterator(rocksdb::ReadOptions(), cfs_.rows));
+  for (sources->SeekToFirst(); sources->Valid(); sources->Next()) {
+    const std::string prefix = keys::SourcePrefix(View(sources->key()));
+    rows->Seek(prefix);
+    if (rows->Valid() && HasPrefix(rows->key(), prefix)) {
+      batch->Put(cfs_.row_segments, keys::Positional(View(sources->key()), Position{0, 0}),
+                 EncodeEpoch(0));
+    }
+    RETURN_IF_ERROR(FromRocks(rows->status(), "schema 4: scan rows"));
+  }
+  return FromRocks(sources->status(), "schema 4: scan sources");
+}
+
+absl::StatusOr<std::optional<Store::RowSegment>> Store::FindRowSegment(
+    rocksdb::Iterator* segments, absl::string_view id, Position pos) {
+  const std::string prefix = keys::SourcePrefix(id);
+  segments->SeekForPrev(keys::Positional(id, pos));
+  return ReadRowSegment(segments, prefix);
+}
+
+absl::StatusOr<std::optional<Store::RowSegment>> Store::ReadRowSegment(
+    rocksdb::Iterator* segments, absl::string_view prefix) {
+  if (!segments->Valid() || !HasPrefix(segments->key(), prefix)) {
+    RETURN_IF_ERROR(FromRocks(segments->status(), "find a row segment"));
+    return std::optional<RowSegment>();
+  }
+  RowSegment segment;
+  ASSIGN_OR_RETURN(segment.start, keys::DecodePosition(View(segments->key())));
+  if (segments->value().size() != 8) return Corrupt("row segment", View(segments->key()));
+  segment.epoch = keys::DecodeBigEndian64(segments->value().data());
+  segments->Next();
+  if (segments->Valid() && HasPrefix(segments->key(), prefix)) {
+    ASSIGN_OR_RETURN(Position end, keys::DecodePosition(View(segments->key())));
+    segment.end = end;
+  }
+  RETURN_IF_ERROR(FromRocks(segments->status(), "find a row segment"));
+  return std::optional<RowSegment>(segment);
+}
+
+absl::StatusOr<std::optional<Store::RowSegment>> Store::LoadRowTailLocked(absl::string_view id) {
+  {
+    absl::MutexLock lock(&tails_mu_);
+    auto it = row_tails_.find(id);
+    if (it != row_tails_.end()) return it->second;
+  }
+  std::unique_ptr<rocksdb::Iterator> segments(
+      db_->NewIterator(rocksdb::ReadOptions(), cfs_.row_segments));
+  ASSIGN_OR_RETURN(std::optional<RowSegment> tail, FindRowSegment(segments.get(), id, kMaxPosition));
+  absl::MutexLock lock(&tails_mu_);
+  row_tails_[id] = tail;
+  return tail;
+}
+
+void Store::ForgetRowTail(absl::string_view id) {
+  absl::MutexLock lock(&tails_mu_);
+  row_tails_.erase(id);
+}
+
+absl::StatusOr<bool> Store::HasRowsFrom(absl::string_view id, uint64_t epoch, Position pos,
+                                        const std::optional<Position>& end) const {
+  const std::string upper =
+      end.has_value() ? keys::RowKey(epoch, id, *end) : keys::RowRangeEnd(epoch, id);
+  rocksdb::Slice upper_slice(upper);
+  rocksdb::ReadOptions ro;
+  ro.iterate_upper_bound = &upper_slice;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cfs_.rows));
+  it->Seek(keys::RowKey(epoch, id, pos));
+  const bool found = it->Valid();
+  RETURN_IF_ERROR(FromRocks(it->status(), "look for rows"));
+  return found;
+}
+
+absl::Status Store::ResolveRowsLocked(StepBatch* step, uint64_t epoch,
+                                      std::optional<RowSegment>* tail) {
+  const std::string& id = step->source_id();
+  rocksdb::WriteBatch* batch = &step->batch_;
+  std::unique_ptr<rocksdb::Iterator> segments;
+  // Segments this step starts below the tail's start, which the database does not hold
+  // yet (rare: a hold resolved below the source's first row).
+  std::vector<RowSegment> started;
+  // The segment holding `pos`, as this commit will leave it.
+  auto holding = [&](Position pos) -> absl::StatusOr<std::optional<RowSegment>> {
+    if (tail->has_value() && pos >= (*tail)->start) return *tail;
+    if (segments == nullptr) {
+      segments.reset(db_->NewIterator(rocksdb::ReadOptions(), cfs_.row_segments));
+    }
+    ASSIGN_OR_RETURN(std::optional<RowSegment> found, FindRowSegment(segments.get(), id, pos));
+    for (const RowSegment& s : started) {
+      if (s.start <= pos && (!found.has_value() || s.start > found->start)) found = s;
+    }
+    return found;
+  };
+  std::string& rep = const_cast<std::string&>(batch->Data());  // see StepBatch::PutRow
+  const std::string epoch_bytes = EncodeEpoch(epoch);
+  std::set<Position> put_positions;
+  for (const StepBatch::RowPut& put : step->row_puts_) {
+    ASSIGN_OR_RETURN(std::optional<RowSegment> segment, holding(put.pos));
+    uint64_t into = epoch;
+    if (segment.has_value() && segment->epoch != epoch) {
+      // A new segment from here would hide the older epoch's rows at and above this
+      // position: with any there, the row joins them.
+      ASSIGN_OR_RETURN(bool rows_above, HasRowsFrom(id, segment->epoch, put.pos, segment->end));
+      if (rows_above || !tail->has_value() || put.pos < (*tail)->start) into = segment->epoch;
+    }
+    if (!segment.has_value() || (into == epoch && segment->epoch != epoch)) {
+      batch->Put(cfs_.row_segments, keys::Positional(id, put.pos), epoch_bytes);
+      RowSegment s{put.pos, epoch, std::nullopt};
+      if (!tail->has_value() || put.pos >= (*tail)->start) {
+        *tail = s;
+      } else {
+        started.push_back(s);
+      }
+    }
+    if (into == 0) {
+      // An epoch-0 row is keyed without an epoch, which the placeholder key cannot be
+      // patched into (rare: a correction or a hold below rows written before schema 4).
+      // The put is repeated with the epoch-0 key and the placeholder's deleted after it.
+      rep.replace(put.epoch_offset, 8, epoch_bytes);
+      const size_t key_size = 8 + id.size() + 1 + 16;
+      // After the key: the value's length as a varint, then the value.
+      size_t at = put.epoch_offset + key_size;
+      uint64_t length = 0;
+      for (int shift = 0; at < rep.size() && shift < 35; shift += 7) {
+        const uint8_t byte = static_cast<uint8_t>(rep[at++]);
+        length |= static_cast<uint64_t>(byte & 0x7f) << shift;
+        if ((byte & 0x80) == 0) break;
+      }
+      if (at + length > rep.size()) {
+        return absl::InternalError("store: cannot find a row's value in its step");
+      }
+      const std::string copy = rep.substr(at, length);
+      batch->Put(cfs_.rows, keys::RowKey(0, id, put.pos), copy);
+      batch->Delete(cfs_.rows, keys::RowKey(epoch, id, put.pos));
+    } else {
+      rep.replace(put.epoch_offset, 8, EncodeEpoch(into));
+    }
+    if (!step->row_deletes_.empty()) put_positions.insert(put.pos);
+  }
+  for (Position pos : step->row_deletes_) {
+    if (put_positions.count(pos) > 0) continue;  // the put overwrites it
+    ASSIGN_OR_RETURN(std::optional<RowSegment> segment, holding(pos));
+    if (!segment.has_value()) continue;  // below every segment: no row there
+    batch->Delete(cfs_.rows, keys::RowKey(segment->epoch, id, pos));
+  }
+  return absl::OkStatus();
+}
+
+void Store::AfterRowWrite(size_t bytes) {
+  const uint64_t limit =
+      static_cast<uint64_t>(kRowEpochFraction * static_cast<double>(options_.write_buffer_bytes));
+  if (epoch_bytes_.fetch_add(bytes) + bytes < limit) return;
+  absl::MutexLock lock(&epoch_mu_);
+  if (epoch_bytes_.load() < limit) return;  // another commit switched
+  // Switched now, with no commit of rows in flight: every row of this epoch is in the
+  // memtable switched here, every row of the next in later ones.
+  rocksdb::FlushOptions fo;
+  fo.wait = false;
+  fo.allow_write_stall = true;
+  // A failed switch only costs the next flush's alignment (the epochs stay correct).
+  db_->Flush(fo, cfs_.rows).PermitUncheckedError();
+  if (row_epoch_ < keys::kMaxRowEpoch) ++row_epoch_;
+  epoch_bytes_.store(0);
+}
+
+absl::Status Store::DeleteRowsOf(absl::string_view id, rocksdb::WriteBatch* batch) const {
+  const std::string prefix = keys::SourcePrefix(id);
+  std::unique_ptr<rocksdb::Iterator> segments(
+      db_->NewIterator(rocksdb::ReadOptions(), cfs_.row_segments));
+  std::set<uint64_t> epochs;
+  for (segments->Seek(prefix); segments->Valid() && HasPrefix(segments->key(), prefix);
+       segments->Next()) {
+    if (segments->value().size() != 8) return Corrupt("row segment", View(segments->key()));
+    epochs.insert(keys::DecodeBigEndian64(segments->value().data()));
+  }
+  RETURN_IF_ERROR(FromRocks(segments->status(), "scan row segments"));
+  if (epochs.empty()) return absl::OkStatus();
+  for (uint64_t epoch : epochs) {
+    if (epoch == 0) continue;  // epoch-0 rows have the source's prefix (DeleteKeysOf)
+    batch->DeleteRange(cfs_.rows, keys::RowRangeBegin(epoch, id), keys::RowRangeEnd(epoch, id));
+  }
+  batch->DeleteRange(cfs_.row_segments, prefix, keys::PrefixSuccessor(prefix));
   return absl::OkStatus();
 }
 
@@ -461,7 +686,9 @@ absl::Status Store::DeleteSource(absl::string_view id) {
                                {cfs_.checkpoints, cfs_.receipts, cfs_.quarantine, cfs_.holds,
                                 cfs_.rows, cfs_.outbox},
                                &batch));
+  RETURN_IF_ERROR(DeleteRowsOf(id, &batch));
   batch.Delete(cfs_.sources, keys::Source(id));
+  ForgetRowTail(id);  // reloaded from the database by the next commit, whatever happens
   return Write(&batch, absl::StrCat("delete source ", id));
 }
 
@@ -509,6 +736,8 @@ absl::Status Store::ResetSource(absl::string_view id, const CheckpointRecord& in
   rocksdb::WriteBatch batch;
   RETURN_IF_ERROR(DeleteKeysOf(
       id, {cfs_.receipts, cfs_.quarantine, cfs_.holds, cfs_.rows, cfs_.outbox}, &batch));
+  RETURN_IF_ERROR(DeleteRowsOf(id, &batch));
+  ForgetRowTail(id);  // reloaded from the database by the next commit, whatever happens
   // Both stages continue above the highest version either stage (or a deleted source of
   // the same id) ever had.
   ASSIGN_OR_RETURN(uint64_t floor, NextVersionLocked(id));
@@ -626,17 +855,42 @@ absl::StatusOr<CheckpointRecord> Store::CommitStep(Stage stage, StepBatch* step,
   // The checkpoints join the caller's batch only for this write: on failure the step is
   // left as the caller built it, not with a stale checkpoint appended.
   batch->SetSavePoint();
-  batch->Put(cfs_.checkpoints, keys::Checkpoint(id, stage), value);
-  if (fenced_delivery.has_value()) {
-    batch->Put(cfs_.checkpoints, keys::Checkpoint(id, Stage::kDelivery),
-               fenced_delivery->SerializeAsString());
+  auto write = [&]() -> absl::Status {
+    batch->Put(cfs_.checkpoints, keys::Checkpoint(id, stage), value);
+    if (fenced_delivery.has_value()) {
+      batch->Put(cfs_.checkpoints, keys::Checkpoint(id, Stage::kDelivery),
+                 fenced_delivery->SerializeAsString());
+    }
+    return Write(batch, absl::StrCat("commit step of ", id), deferred);
+  };
+  const bool has_rows = !step->row_puts_.empty() || !step->row_deletes_.empty();
+  absl::Status s;
+  std::optional<RowSegment> tail;
+  if (has_rows) {
+    absl::StatusOr<std::optional<RowSegment>> loaded = LoadRowTailLocked(id);
+    s = loaded.status();
+    if (s.ok()) {
+      tail = *std::move(loaded);
+      // The epoch stays current until this write is done (AfterRowWrite).
+      absl::ReaderMutexLock epoch_lock(&epoch_mu_);
+      s = ResolveRowsLocked(step, row_epoch_, &tail);
+      if (s.ok()) s = write();
+    }
+  } else {
+    s = write();
   }
-  absl::Status s = Write(batch, absl::StrCat("commit step of ", id), deferred);
   if (!s.ok()) {
     batch->RollbackToSavePoint().PermitUncheckedError();
     return s;
   }
   batch->PopSavePoint().PermitUncheckedError();
+  if (has_rows) {
+    {
+      absl::MutexLock lock(&tails_mu_);
+      row_tails_[id] = tail;
+    }
+    AfterRowWrite(batch->GetDataSize());
+  }
   return record;
 }
 
@@ -754,8 +1008,9 @@ Store::SourceView::SourceView(const Store* store, absl::string_view id)
       id_(id),
       upper_(keys::PrefixSuccessor(keys::SourcePrefix(id))),
       upper_slice_(upper_),
+      // Every epoch key sorts below the source's prefix, so upper_ bounds rows too.
       families_{store->cfs_.rows, store->cfs_.receipts, store->cfs_.quarantine,
-                store->cfs_.holds} {}
+                store->cfs_.holds, store->cfs_.row_segments} {}
 
 Store::SourceView::~SourceView() = default;
 
@@ -768,8 +1023,8 @@ rocksdb::Iterator* Store::SourceView::IteratorFor(rocksdb::ColumnFamilyHandle* c
 
 absl::Status Store::SourceView::ScanRows(Position from, Position to,
                                          const RowVisitor& fn) const {
-  return VisitPositions(IteratorFor(store_->cfs_.rows), keys::Positional(id_, from),
-                        keys::Positional(id_, to), fn);
+  return VisitRows(IteratorFor(store_->cfs_.row_segments), IteratorFor(store_->cfs_.rows), id_,
+                   from, to, fn);
 }
 
 absl::Status Store::SourceView::ScanStaged(StagedFamily family, Stage stage, Position from,
@@ -795,9 +1050,48 @@ uint64_t Store::live_snapshots() const {
   return n;
 }
 
+absl::Status Store::VisitRows(rocksdb::Iterator* segments, rocksdb::Iterator* rows,
+                              absl::string_view id, Position from, Position to,
+                              const RowVisitor& fn) {
+  if (to < from) return absl::OkStatus();
+  const std::string prefix = keys::SourcePrefix(id);
+  ASSIGN_OR_RETURN(std::optional<RowSegment> segment, FindRowSegment(segments, id, from));
+  if (!segment.has_value()) {  // `from` lies below the first segment: start at it
+    segments->Seek(keys::Positional(id, from));
+    ASSIGN_OR_RETURN(segment, ReadRowSegment(segments, prefix));
+  }
+  std::string last, end;
+  while (segment.has_value() && segment->start <= to) {
+    const uint64_t epoch = segment->epoch;
+    keys::AssignRowKey(epoch, id, to, &last);
+    end = segment->end.has_value() ? keys::RowKey(epoch, id, *segment->end)
+                                   : keys::RowRangeEnd(epoch, id);
+    for (rows->Seek(keys::RowKey(epoch, id, std::max(from, segment->start))); rows->Valid();
+         rows->Next()) {
+      const absl::string_view key = View(rows->key());
+      if (key > last || key >= end) break;
+      absl::StatusOr<Position> pos = keys::DecodePosition(key);
+      if (!pos.ok()) return pos.status();
+      if (!fn(*pos, View(rows->value()))) return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(FromRocks(rows->status(), "scan rows"));
+    if (!segment->end.has_value()) break;
+    // ReadRowSegment left `segments` at the next segment.
+    ASSIGN_OR_RETURN(segment, ReadRowSegment(segments, prefix));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Store::ScanRows(absl::string_view id, Position from, Position to,
                              const RowVisitor& fn, const Snapshot* at) const {
-  return ScanPositions(cfs_.rows, keys::Positional(id, from), keys::Positional(id, to), fn, at);
+  rocksdb::ReadOptions ro;
+  if (at != nullptr) ro.snapshot = at->snapshot_;
+  std::vector<rocksdb::Iterator*> raw;
+  RETURN_IF_ERROR(FromRocks(db_->NewIterators(ro, {cfs_.row_segments, cfs_.rows}, &raw),
+                            "scan rows"));
+  const std::unique_ptr<rocksdb::Iterator> segments(raw[0]);
+  const std::unique_ptr<rocksdb::Iterator> rows(raw[1]);
+  return VisitRows(segments.get(), rows.get(), id, from, to, fn);
 }
 
 absl::Status Store::ScanOutbox(absl::string_view id, Position from, Position to,
@@ -808,11 +1102,15 @@ absl::Status Store::ScanOutbox(absl::string_view id, Position from, Position to,
   rocksdb::ReadOptions ro;
   ro.iterate_upper_bound = &upper_slice;
   std::vector<rocksdb::Iterator*> raw;
-  RETURN_IF_ERROR(
-      FromRocks(db_->NewIterators(ro, {cfs_.outbox, cfs_.rows}, &raw), "scan outbox"));
+  RETURN_IF_ERROR(FromRocks(
+      db_->NewIterators(ro, {cfs_.outbox, cfs_.rows, cfs_.row_segments}, &raw), "scan outbox"));
   const std::unique_ptr<rocksdb::Iterator> entries(raw[0]);
   const std::unique_ptr<rocksdb::Iterator> rows(raw[1]);
-  rows->Seek(begin);
+  const std::unique_ptr<rocksdb::Iterator> segments(raw[2]);
+  // The segment of the last row read (every row key sorts below `upper`); a segment
+  // whose end lies above `to` reads as endless, which changes nothing up to `to`.
+  std::optional<RowSegment> segment;
+  std::string row_key;
   for (entries->Seek(begin); entries->Valid(); entries->Next()) {
     const rocksdb::Slice key = entries->key();
     absl::StatusOr<Position> pos = keys::DecodePosition(View(key));
@@ -821,12 +1119,24 @@ absl::Status Store::ScanOutbox(absl::string_view id, Position from, Position to,
       if (!fn(*pos, View(entries->value()))) break;
       continue;
     }
-    // Pending entries are mostly consecutive rows: step forward, seek only on a gap.
-    if (rows->Valid() && rows->key().compare(key) < 0) {
-      rows->Next();
-      if (rows->Valid() && rows->key().compare(key) < 0) rows->Seek(key);
+    if (!segment.has_value() || *pos < segment->start ||
+        (segment->end.has_value() && *pos >= *segment->end)) {
+      ASSIGN_OR_RETURN(segment, FindRowSegment(segments.get(), id, *pos));
+      if (!segment.has_value()) {
+        return absl::DataLossError(absl::StrCat("storage: the outbox entry of ", id, " at ",
+                                                pos->DebugString(), " has no row segment"));
+      }
+      keys::AssignRowKey(segment->epoch, id, *pos, &row_key);
+      rows->Seek(row_key);
+    } else {
+      keys::AssignRowKey(segment->epoch, id, *pos, &row_key);
+      // Pending entries are mostly consecutive rows: step forward, seek only on a gap.
+      if (rows->Valid() && rows->key().compare(row_key) < 0) {
+        rows->Next();
+        if (rows->Valid() && rows->key().compare(row_key) < 0) rows->Seek(row_key);
+      }
     }
-    if (!rows->Valid() || rows->key() != key) {
+    if (!rows->Valid() || rows->key() != row_key) {
       RETURN_IF_ERROR(FromRocks(rows->status(), "scan outbox rows"));
       return absl::DataLossError(absl::StrCat("storage: the outbox entry of ", id, " at ",
                                               pos->DebugString(), " has no row"));
@@ -839,9 +1149,15 @@ absl::Status Store::ScanOutbox(absl::string_view id, Position from, Position to,
 
 absl::StatusOr<std::optional<std::string>> Store::GetRow(absl::string_view id,
                                                          Position pos) const {
+  // A position's segment never changes while it holds a row, so the segment read here
+  // and the row read after it agree.
+  std::unique_ptr<rocksdb::Iterator> segments(
+      db_->NewIterator(rocksdb::ReadOptions(), cfs_.row_segments));
+  ASSIGN_OR_RETURN(std::optional<RowSegment> segment, FindRowSegment(segments.get(), id, pos));
+  if (!segment.has_value()) return std::optional<std::string>();
   std::string value;
-  rocksdb::Status s =
-      db_->Get(rocksdb::ReadOptions(), cfs_.rows, keys::Positional(id, pos), &value);
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_.rows,
+                               keys::RowKey(segment->epoch, id, pos), &value);
   if (s.IsNotFound()) return std::optional<std::string>();
   RETURN_IF_ERROR(FromRocks(s, "get row"));
   return std::optional<std::string>(std::move(value));

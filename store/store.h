@@ -19,6 +19,25 @@
 //    pair differs, the commit is ABORTED and nothing of it is written: a stale attempt
 //    can never overwrite newer progress.
 //
+// Row epochs. Rows are keyed by the epoch they were written in, then by source and
+// position (keys::RowKey), so that the rows family is written in key order whatever the
+// number of sources: the store switches the rows memtable itself every
+// kRowEpochFraction of its write buffer and starts a new epoch at that moment, every
+// commit's rows taking the epoch current when it writes. Each flushed file then covers
+// one epoch range above everything already on disk, and RocksDB moves it down the levels
+// without merging it (with keys led by the source, every flush of many sources' rows
+// overlapped every older file and was merged again: bench/HISTORY.md items 68 and 85).
+// Where a source's rows are: row_segments maps a position to the epoch that holds the
+// rows at and above it (up to the next segment). Rules that keep it exact:
+//  * A commit that puts a row at a position whose segment is of an older epoch starts a
+//    new segment there, in the same WriteBatch, only if no row exists in that segment
+//    at or above the position (so no row is ever hidden); otherwise the row goes to the
+//    older epoch (a correction or a hold's resolution below rows already written), where
+//    a put overwrites and a delete finds it.
+//  * A deletion goes to the epoch of the position's segment.
+//  * Segments are removed only with all of the source's rows (DeleteSource, ResetSource).
+// Rows written before schema 4 are epoch 0: one segment from position 0.
+//
 // Invariants kept here:
 //  * A step is all on disk or none of it (one WriteBatch); with sync, it survives a
 //    crash once CommitStep returns OK, or, for a deferred commit, once AwaitSynced of
@@ -39,6 +58,7 @@
 #ifndef HANDOFF_STORE_STORE_H_
 #define HANDOFF_STORE_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -70,9 +90,12 @@ namespace handoff::store {
 //  2: they may also be in the compact StoredRow format (store/row_codec.h).
 //  3: an outbox entry may be empty, standing for the row at its position in rows
 //     (StepBatch::PutOutbox).
-// An older database is upgraded in place when opened (only the version changes: its
-// rows and entries still read); a build that reads only older versions then refuses it.
-inline constexpr int kSchemaVersion = 3;
+//  4: rows are keyed by their write epoch first, found through row_segments ("Row
+//     epochs" below); older rows stay where they are, as epoch 0.
+// An older database is upgraded in place when opened (its rows and entries still read;
+// from 3 to 4 each source with rows gets an epoch-0 segment); a build that reads only
+// older versions then refuses it.
+inline constexpr int kSchemaVersion = 4;
 inline constexpr int kOldestReadableSchemaVersion = 1;
 
 struct StoreOptions {
@@ -100,6 +123,12 @@ struct StoreOptions {
 };
 
 inline constexpr size_t kSmallWriteBufferBytes = 4 << 20;
+
+// The store switches the rows memtable (and starts a new row epoch) once the commits of
+// the current epoch wrote this fraction of write_buffer_bytes: before RocksDB would switch
+// it on its own (the memtable holds more than the batches' bytes), so that an epoch is
+// never split between two memtables.
+inline constexpr double kRowEpochFraction = 0.625;
 
 // The most memory the database holds for `options`: every family's memtables at their
 // stop limit (each up to its write buffer, an arena block of an eighth more and the
@@ -327,6 +356,9 @@ class Store {
   // Flushes memtables (tests, shutdown).
   absl::Status Flush();
 
+  // The epoch new rows are written in ("Row epochs"); tests.
+  uint64_t row_epoch() const ABSL_LOCKS_EXCLUDED(epoch_mu_);
+
   // What the database holds in memory now; never above StoreMemoryCeiling(options).
   struct MemoryUsage {
     uint64_t memtable_bytes = 0;     // all families, mutable and immutable
@@ -389,6 +421,52 @@ class Store {
                              const std::function<bool(Position, absl::string_view)>& fn,
                              const Snapshot* at = nullptr) const;
 
+  // ---- Row epochs (see the comment at the top) ----
+  // A segment of a source's rows: those at positions in [start, end) are keyed in
+  // `epoch` (no end: every position from start up).
+  struct RowSegment {
+    Position start;
+    uint64_t epoch = 0;
+    std::optional<Position> end;
+  };
+  // The source's segment of highest start (nullopt: it has none), cached per source.
+  // REQUIRES: SourceLock(id) held.
+  absl::StatusOr<std::optional<RowSegment>> LoadRowTailLocked(absl::string_view id)
+      ABSL_LOCKS_EXCLUDED(tails_mu_);
+  void ForgetRowTail(absl::string_view id) ABSL_LOCKS_EXCLUDED(tails_mu_);
+  // The segment that holds `pos`, read through `segments` (an iterator over
+  // row_segments); nullopt when `pos` lies below the source's first segment.
+  static absl::StatusOr<std::optional<RowSegment>> FindRowSegment(rocksdb::Iterator* segments,
+                                                                   absl::string_view id,
+                                                                   Position pos);
+  // The segment `segments` is at (nullopt if it is not one of the source of `prefix`),
+  // leaving `segments` at the next entry.
+  static absl::StatusOr<std::optional<RowSegment>> ReadRowSegment(rocksdb::Iterator* segments,
+                                                                  absl::string_view prefix);
+  // Visits the rows of `id` in [from, to] in source order through `segments` and `rows`,
+  // iterators of one moment.
+  static absl::Status VisitRows(rocksdb::Iterator* segments, rocksdb::Iterator* rows,
+                                absl::string_view id, Position from, Position to,
+                                const RowVisitor& fn);
+  // Whether a row of `id` keyed in `epoch` lies at or above `pos` (and below `end`).
+  absl::StatusOr<bool> HasRowsFrom(absl::string_view id, uint64_t epoch, Position pos,
+                                   const std::optional<Position>& end) const;
+  // Gives the rows `step` puts the epoch they are written in, and adds to its batch the
+  // deletions it noted and the segments it starts; `tail` (the source's last segment)
+  // is updated as the commit will leave it. REQUIRES: SourceLock(id), epoch_mu_ shared.
+  absl::Status ResolveRowsLocked(StepBatch* step, uint64_t epoch,
+                                 std::optional<RowSegment>* tail);
+  // After a write of `bytes` with rows: switches the rows memtable and starts the next
+  // epoch once kRowEpochFraction of the write buffer was written in this one.
+  void AfterRowWrite(size_t bytes) ABSL_LOCKS_EXCLUDED(epoch_mu_);
+  // Adds to `batch` the deletion of every row (every epoch) and segment of `id`.
+  // REQUIRES: SourceLock(id) held.
+  absl::Status DeleteRowsOf(absl::string_view id, rocksdb::WriteBatch* batch) const;
+  // At open: the current epoch is one above the highest a stored row is keyed in.
+  absl::Status StartRowEpoch() ABSL_LOCKS_EXCLUDED(epoch_mu_);
+  // Schema 3 -> 4: an epoch-0 segment for every source with rows.
+  absl::Status AddEpochZeroSegments(rocksdb::WriteBatch* batch) const;
+
   // Constant after construction.
   const StoreOptions options_;
   std::unique_ptr<rocksdb::DB> db_;
@@ -411,6 +489,14 @@ class Store {
   std::unique_ptr<rocksdb::FSRandomRWFile> wal_file_ ABSL_GUARDED_BY(wal_file_mu_);
   uint64_t wal_file_number_ ABSL_GUARDED_BY(wal_file_mu_) = 0;
   WalSyncStats wal_sync_stats_ ABSL_GUARDED_BY(wal_file_mu_);
+
+  // Commits with rows hold it shared from resolving their epochs to the end of their
+  // write; a switch of epoch holds it exclusively (AfterRowWrite).
+  mutable absl::Mutex epoch_mu_ ABSL_ACQUIRED_BEFORE(wal_mu_);
+  uint64_t row_epoch_ ABSL_GUARDED_BY(epoch_mu_) = 1;
+  std::atomic<uint64_t> epoch_bytes_{0};  // written in the current epoch (approximate)
+  mutable absl::Mutex tails_mu_;
+  absl::flat_hash_map<std::string, std::optional<RowSegment>> row_tails_ ABSL_GUARDED_BY(tails_mu_);
 
   // Syncs deferred commits; null without sync. Destroyed before the database closes.
   std::unique_ptr<WalSyncer> syncer_;

@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -868,12 +869,196 @@ TEST_F(StoreTest, ScanReportsKeysWithoutPosition) {
       if (names[i] == "rows") {
         ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[i], std::string("s\0xyz", 5), "?").ok());
       }
+      if (names[i] == "row_segments") {  // an epoch-0 segment, so that the key is read
+        ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[i],
+                            keys::Positional("s", Position{0, 0}), std::string(8, '\0'))
+                        .ok());
+      }
     }
   });
   Open();
   absl::Status s = store_->ScanRows("s", Position{0, 0}, Position{kMax, kMax},
                                     [](Position, absl::string_view) { return true; });
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+}
+
+// ---- Row epochs ----
+
+// Commits `rows` rows of `id` from `first` (consecutive log indexes of one block each
+// ten), each row's bytes tagged with `tag`; returns the positions.
+std::vector<Position> CommitRows(Store* store, absl::string_view id, Position first, int rows,
+                                 absl::string_view tag,
+                                 const std::vector<Position>& deletes = {}) {
+  if (absl::IsNotFound(store->LoadCheckpoint(id, Stage::kIngest).status())) {
+    EXPECT_TRUE(store->ResetSource(id, Fresh("c0"), std::nullopt).ok());
+  }
+  std::unique_ptr<StepBatch> step = store->NewStep(id);
+  for (Position p : deletes) step->DeleteRow(p);
+  std::vector<Position> out;
+  for (int i = 0; i < rows; ++i) {
+    const Position p{first.block + (first.log_index + i) / 10, (first.log_index + i) % 10};
+    step->PutRow(p, absl::StrCat(tag, ":", RowBytes(p)));
+    out.push_back(p);
+  }
+  Fence fence;
+  fence.any_version = true;
+  absl::StatusOr<CheckpointRecord> r =
+      store->CommitStep(Stage::kIngest, step.get(), fence, CheckpointUpdate{});
+  EXPECT_TRUE(r.ok()) << r.status();
+  return out;
+}
+
+// Every row of `id` as position -> tag.
+std::map<Position, std::string> RowTags(Store* store, absl::string_view id) {
+  std::map<Position, std::string> out;
+  absl::Status s = store->ScanRows(id, Position{0, 0}, Position{kMax, kMax},
+                                   [&](Position p, absl::string_view v) {
+                                     out[p] = std::string(v.substr(0, v.find(':')));
+                                     return true;
+                                   });
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+// The epochs `id`'s rows are keyed in, read from the raw database.
+std::set<uint64_t> RawRowEpochs(const std::string& path, absl::string_view id) {
+  std::set<uint64_t> epochs;
+  WithRawDb(path, [&](rocksdb::DB* db, const std::vector<std::string>& names,
+                      const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (names[i] != "rows") continue;
+      std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), handles[i]));
+      for (it->SeekToFirst(); it->Valid(); it->Next()) {
+        const std::string key = it->key().ToString();
+        const uint64_t epoch = keys::RowKeyEpoch(key);
+        const size_t id_at = epoch == 0 ? 0 : 8;
+        if (key.compare(id_at, id.size() + 1, std::string(id) + '\0') == 0) epochs.insert(epoch);
+      }
+    }
+  });
+  return epochs;
+}
+
+// Many sources' commits, with memtables small enough to switch epochs many times: every
+// row reads back where it was put, by scan, by point read and after a reopen, and the
+// rows family holds keys of several epochs.
+TEST_F(StoreTest, RowsOfManySourcesReadBackAcrossEpochs) {
+  Open(/*sync=*/false, /*write_buffer_bytes=*/64 << 10);
+  const std::vector<std::string> ids = {"a", "b", "c"};
+  std::map<std::string, std::map<Position, std::string>> want;
+  for (int round = 0; round < 30; ++round) {
+    for (const std::string& id : ids) {
+      const Position first{static_cast<uint64_t>(100 + round), 0};
+      for (Position p : CommitRows(store_.get(), id, first, 10, absl::StrCat("r", round))) {
+        want[id][p] = absl::StrCat("r", round);
+      }
+    }
+  }
+  EXPECT_GT(store_->row_epoch(), 3u);
+  for (const std::string& id : ids) {
+    EXPECT_EQ(RowTags(store_.get(), id), want[id]) << id;
+    absl::StatusOr<std::optional<std::string>> row = store_->GetRow(id, Position{105, 3});
+    ASSERT_TRUE(row.ok()) << row.status();
+    ASSERT_TRUE(row->has_value());
+    EXPECT_EQ(row->value().substr(0, 3), "r5:");
+    // A range inside one segment, and one across several.
+    int n = 0;
+    ASSERT_TRUE(store_->ScanRows(id, Position{103, 5}, Position{107, 2},
+                                 [&](Position, absl::string_view) { return ++n, true; })
+                    .ok());
+    EXPECT_EQ(n, 5 + 3 * 10 + 3);
+  }
+  const uint64_t epoch = store_->row_epoch();
+  Open(/*sync=*/false, 64 << 10);
+  EXPECT_GE(store_->row_epoch(), epoch);  // never below an epoch a row is keyed in
+  for (const std::string& id : ids) EXPECT_EQ(RowTags(store_.get(), id), want[id]) << id;
+  store_.reset();
+  EXPECT_GT(RawRowEpochs(path_, "a").size(), 3u);
+}
+
+// A correction below rows of an older epoch overwrites and deletes them where they are;
+// a row put below the source's first row (a hold resolved late) is found too.
+TEST_F(StoreTest, CorrectionsAndLateRowsBelowOlderEpochs) {
+  Open(/*sync=*/false, /*write_buffer_bytes=*/64 << 10);
+  CommitRows(store_.get(), "s", Position{10, 0}, 30, "old");  // blocks 10-12
+  // Other sources' rows move the epoch on.
+  const uint64_t before = store_->row_epoch();
+  for (int i = 0; store_->row_epoch() == before && i < 100; ++i) {
+    CommitRows(store_.get(), "other", Position{static_cast<uint64_t>(i), 0}, 10, "x");
+  }
+  ASSERT_GT(store_->row_epoch(), before);
+  // Rewind to block 11: its rows and block 12's are deleted, block 11 written anew.
+  std::vector<Position> orphans;
+  for (uint64_t b = 11; b <= 12; ++b) {
+    for (uint64_t l = 0; l < 10; ++l) orphans.push_back(Position{b, l});
+  }
+  CommitRows(store_.get(), "s", Position{11, 0}, 10, "new", orphans);
+  // A late row below everything, then new rows above.
+  CommitRows(store_.get(), "s", Position{5, 7}, 1, "late");
+  CommitRows(store_.get(), "s", Position{20, 0}, 10, "next");
+  std::map<Position, std::string> want;
+  for (uint64_t l = 0; l < 10; ++l) {
+    want[Position{10, l}] = "old";
+    want[Position{11, l}] = "new";
+    want[Position{20, l}] = "next";
+  }
+  want[Position{5, 7}] = "late";
+  EXPECT_EQ(RowTags(store_.get(), "s"), want);
+  absl::StatusOr<std::optional<std::string>> gone = store_->GetRow("s", Position{12, 4});
+  ASSERT_TRUE(gone.ok());
+  EXPECT_FALSE(gone->has_value());
+  absl::StatusOr<std::optional<std::string>> late = store_->GetRow("s", Position{5, 7});
+  ASSERT_TRUE(late.ok());
+  ASSERT_TRUE(late->has_value());
+  EXPECT_EQ(late->value().substr(0, 5), "late:");
+  // Deleting the source removes the rows of every epoch.
+  ASSERT_TRUE(store_->DeleteSource("s").ok());
+  EXPECT_TRUE(RowTags(store_.get(), "s").empty());
+  store_.reset();
+  EXPECT_TRUE(RawRowEpochs(path_, "s").empty());
+}
+
+// A database of schema 3 (rows keyed by source and position alone) opens as epoch 0:
+// its rows read, a correction among them stays among them, new rows take new epochs.
+TEST_F(StoreTest, RowsOfSchemaThreeReadAsEpochZero) {
+  Open();
+  Seed("s");
+  store_.reset();
+  WithRawDb(path_, [](rocksdb::DB* db, const std::vector<std::string>& names,
+                      const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
+    handoff::v1::Source source;
+    source.mutable_spec()->set_id("s");
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (names[i] == "rows") {
+        for (uint64_t l = 0; l < 10; ++l) {
+          ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[i],
+                              keys::Positional("s", Position{7, l}), "v3:row")
+                          .ok());
+        }
+      } else if (names[i] == "meta") {
+        ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[i], "schema_version", "3").ok());
+      } else if (names[i] == "sources") {
+        ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[i], "s", source.SerializeAsString())
+                        .ok());
+      }
+    }
+  });
+  Open(/*sync=*/true, 64 << 10);
+  EXPECT_EQ(RowTags(store_.get(), "s").size(), 10u);
+  // Block 7 from index 5 rewritten, index 8-9 deleted; then new rows.
+  CommitRows(store_.get(), "s", Position{7, 5}, 3, "fix",
+             {Position{7, 5}, Position{7, 6}, Position{7, 7}, Position{7, 8}, Position{7, 9}});
+  CommitRows(store_.get(), "s", Position{8, 0}, 10, "new");
+  std::map<Position, std::string> tags = RowTags(store_.get(), "s");
+  ASSERT_EQ(tags.size(), 18u);
+  EXPECT_EQ(tags[(Position{7, 4})], "v3");
+  EXPECT_EQ(tags[(Position{7, 6})], "fix");
+  EXPECT_EQ(tags.count(Position{7, 9}), 0u);
+  EXPECT_EQ(tags[(Position{8, 3})], "new");
+  store_.reset();
+  const std::set<uint64_t> epochs = RawRowEpochs(path_, "s");
+  EXPECT_EQ(epochs.count(0), 1u);   // the old rows and the fix, where they were
+  EXPECT_EQ(epochs.size(), 2u);     // and the new rows' epoch
 }
 
 // ---- Sources: delete and reset ----

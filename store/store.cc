@@ -7,10 +7,10 @@
 #include <limits>
 #include <optional>
 #include <set>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -294,12 +294,6 @@ absl::Status Store::CheckSchema() {
 
 namespace {
 
-std::string EncodeEpoch(uint64_t epoch) { return keys::RowEpochPrefix(epoch); }
-
-bool HasPrefix(const rocksdb::Slice& key, absl::string_view prefix) {
-  return key.size() >= prefix.size() && memcmp(key.data(), prefix.data(), prefix.size()) == 0;
-}
-
 constexpr Position kMaxPosition{std::numeric_limits<uint64_t>::max(),
                                 std::numeric_limits<uint64_t>::max()};
 
@@ -330,9 +324,9 @@ absl::Status Store::AddEpochZeroSegments(rocksdb::WriteBatch* batch) const {
   for (sources->SeekToFirst(); sources->Valid(); sources->Next()) {
     const std::string prefix = keys::SourcePrefix(View(sources->key()));
     rows->Seek(prefix);
-    if (rows->Valid() && HasPrefix(rows->key(), prefix)) {
+    if (rows->Valid() && absl::StartsWith(View(rows->key()), prefix)) {
       batch->Put(cfs_.row_segments, keys::Positional(View(sources->key()), Position{0, 0}),
-                 EncodeEpoch(0));
+                 keys::RowEpochPrefix(0));
     }
     RETURN_IF_ERROR(FromRocks(rows->status(), "schema 4: scan rows"));
   }
@@ -348,7 +342,7 @@ absl::StatusOr<std::optional<Store::RowSegment>> Store::FindRowSegment(
 
 absl::StatusOr<std::optional<Store::RowSegment>> Store::ReadRowSegment(
     rocksdb::Iterator* segments, absl::string_view prefix) {
-  if (!segments->Valid() || !HasPrefix(segments->key(), prefix)) {
+  if (!segments->Valid() || !absl::StartsWith(View(segments->key()), prefix)) {
     RETURN_IF_ERROR(FromRocks(segments->status(), "find a row segment"));
     return std::optional<RowSegment>();
   }
@@ -357,7 +351,7 @@ absl::StatusOr<std::optional<Store::RowSegment>> Store::ReadRowSegment(
   if (segments->value().size() != 8) return Corrupt("row segment", View(segments->key()));
   segment.epoch = keys::DecodeBigEndian64(segments->value().data());
   segments->Next();
-  if (segments->Valid() && HasPrefix(segments->key(), prefix)) {
+  if (segments->Valid() && absl::StartsWith(View(segments->key()), prefix)) {
     ASSIGN_OR_RETURN(Position end, keys::DecodePosition(View(segments->key())));
     segment.end = end;
   }
@@ -419,7 +413,7 @@ absl::Status Store::ResolveRowsLocked(StepBatch* step, uint64_t epoch,
     return found;
   };
   std::string& rep = const_cast<std::string&>(batch->Data());  // see StepBatch::PutRow
-  const std::string epoch_bytes = EncodeEpoch(epoch);
+  const std::string epoch_bytes = keys::RowEpochPrefix(epoch);
   std::set<Position> put_positions;
   for (const StepBatch::RowPut& put : step->row_puts_) {
     ASSIGN_OR_RETURN(std::optional<RowSegment> segment, holding(put.pos));
@@ -460,7 +454,7 @@ absl::Status Store::ResolveRowsLocked(StepBatch* step, uint64_t epoch,
       batch->Put(cfs_.rows, keys::RowKey(0, id, put.pos), copy);
       batch->Delete(cfs_.rows, keys::RowKey(epoch, id, put.pos));
     } else {
-      rep.replace(put.epoch_offset, 8, EncodeEpoch(into));
+      rep.replace(put.epoch_offset, 8, keys::RowEpochPrefix(into));
     }
     if (!step->row_deletes_.empty()) put_positions.insert(put.pos);
   }
@@ -495,7 +489,7 @@ absl::Status Store::DeleteRowsOf(absl::string_view id, rocksdb::WriteBatch* batc
   std::unique_ptr<rocksdb::Iterator> segments(
       db_->NewIterator(rocksdb::ReadOptions(), cfs_.row_segments));
   std::set<uint64_t> epochs;
-  for (segments->Seek(prefix); segments->Valid() && HasPrefix(segments->key(), prefix);
+  for (segments->Seek(prefix); segments->Valid() && absl::StartsWith(View(segments->key()), prefix);
        segments->Next()) {
     if (segments->value().size() != 8) return Corrupt("row segment", View(segments->key()));
     epochs.insert(keys::DecodeBigEndian64(segments->value().data()));

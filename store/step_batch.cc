@@ -38,9 +38,10 @@ void StepBatch::PutRow(Position pos, absl::string_view serialized_row) {
   keys::AssignRowKey(1, source_id_, pos, &key_);
   batch_.Put(cfs_->rows, key_, rocksdb::Slice(serialized_row.data(), serialized_row.size()));
   // A Put record ends with the key, the value's varint length and the value.
-  const size_t end = batch_.GetDataSize();
-  row_puts_.push_back(RowPut{
-      pos, end - serialized_row.size() - VarintLength(serialized_row.size()) - key_.size()});
+  const size_t value_offset = batch_.GetDataSize() - serialized_row.size();
+  row_puts_.push_back(RowPut{pos,
+                             value_offset - VarintLength(serialized_row.size()) - key_.size(),
+                             value_offset, serialized_row.size()});
 }
 
 void StepBatch::DeleteRow(Position pos) { row_deletes_.push_back(pos); }

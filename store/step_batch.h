@@ -98,10 +98,13 @@ class StepBatch {
   const std::string& PositionalKey(Position pos);
   const std::string& StagedKey(Stage stage, Position pos);
 
-  // A row put: its position and where its key's epoch bytes lie in the batch.
+  // A row put: its position, and where its key's epoch bytes and its value lie in the
+  // batch.
   struct RowPut {
     Position pos;
     size_t epoch_offset;
+    size_t value_offset;
+    size_t value_size;
   };
 
   const ColumnFamilies* const cfs_;

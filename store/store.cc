@@ -438,19 +438,7 @@ absl::Status Store::ResolveRowsLocked(StepBatch* step, uint64_t epoch,
       // patched into (rare: a correction or a hold below rows written before schema 4).
       // The put is repeated with the epoch-0 key and the placeholder's deleted after it.
       rep.replace(put.epoch_offset, 8, epoch_bytes);
-      const size_t key_size = 8 + id.size() + 1 + 16;
-      // After the key: the value's length as a varint, then the value.
-      size_t at = put.epoch_offset + key_size;
-      uint64_t length = 0;
-      for (int shift = 0; at < rep.size() && shift < 35; shift += 7) {
-        const uint8_t byte = static_cast<uint8_t>(rep[at++]);
-        length |= static_cast<uint64_t>(byte & 0x7f) << shift;
-        if ((byte & 0x80) == 0) break;
-      }
-      if (at + length > rep.size()) {
-        return absl::InternalError("store: cannot find a row's value in its step");
-      }
-      const std::string copy = rep.substr(at, length);
+      const std::string copy = rep.substr(put.value_offset, put.value_size);
       batch->Put(cfs_.rows, keys::RowKey(0, id, put.pos), copy);
       batch->Delete(cfs_.rows, keys::RowKey(epoch, id, put.pos));
     } else {
@@ -489,12 +477,12 @@ absl::Status Store::DeleteRowsOf(absl::string_view id, rocksdb::WriteBatch* batc
   std::unique_ptr<rocksdb::Iterator> segments(
       db_->NewIterator(rocksdb::ReadOptions(), cfs_.row_segments));
   std::set<uint64_t> epochs;
-  for (segments->Seek(prefix); segments->Valid() && absl::StartsWith(View(segments->key()), prefix);
-       segments->Next()) {
-    if (segments->value().size() != 8) return Corrupt("row segment", View(segments->key()));
-    epochs.insert(keys::DecodeBigEndian64(segments->value().data()));
+  segments->Seek(prefix);
+  while (true) {  // ReadRowSegment steps to the next segment
+    ASSIGN_OR_RETURN(std::optional<RowSegment> segment, ReadRowSegment(segments.get(), prefix));
+    if (!segment.has_value()) break;
+    epochs.insert(segment->epoch);
   }
-  RETURN_IF_ERROR(FromRocks(segments->status(), "scan row segments"));
   if (epochs.empty()) return absl::OkStatus();
   for (uint64_t epoch : epochs) {
     if (epoch == 0) continue;  // epoch-0 rows have the source's prefix (DeleteKeysOf)

@@ -274,6 +274,21 @@ void PageAttempt::StageOrphans(store::StepBatch* step) {
   }
 }
 
+// A delivery page is a run of consecutive outbox entries (SourceWorker::ReadOutbox), so
+// slots i and i + 1 are adjacent entries: no entry lies between their positions, and
+// none can appear there before this step commits (an ingest correction that rewrites
+// entries fences the step, Store::FenceDeliveryLocked). A run of consecutive terminal
+// slots is thus removed by one range deletion.
+void PageAttempt::StageOutboxRemovals(const std::vector<size_t>& newly,
+                                      store::StepBatch* step) const {
+  for (size_t k = 0; k < newly.size();) {
+    size_t end = k + 1;
+    while (end < newly.size() && newly[end] == newly[end - 1] + 1) ++end;
+    step->DeleteOutboxRange(slots_[newly[k]].pos, slots_[newly[end - 1]].pos);
+    k = end;
+  }
+}
+
 absl::Status PageAttempt::StageTerminal(size_t i, Decision::Kind kind, const std::string& reason,
                                         store::StepBatch* step) {
   const handoff::v1::EventRow& row = page_.items[i];
@@ -292,9 +307,8 @@ absl::Status PageAttempt::StageTerminal(size_t i, Decision::Kind kind, const std
       absl::Status s = config_.effect->Stage(config_.source_id, row, step);
       if (!s.ok()) return s;
     }
-  } else {
-    step->DeleteOutbox(pos);
   }
+  // A delivered entry leaves the outbox in CommitSlots (StageOutboxRemovals).
   if (config_.stage == store::Stage::kDelivery || kind != Decision::Kind::kApplied) {
     store::ReceiptRecord receipt;
     receipt.set_block_hash(row.block_hash());
@@ -354,6 +368,7 @@ std::optional<PageAttempt::Result> PageAttempt::CommitSlots(
     deltas.set_replayed(deltas.replayed() + replayed_);
     replays_counted_ = true;
   }
+  if (config_.stage == store::Stage::kDelivery) StageOutboxRemovals(newly, step);
   // Orphans were staged first in this step by NewStep() (deletes before inserts).
   const bool had_orphans = orphans_pending_;
   if (orphans_pending_) {

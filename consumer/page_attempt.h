@@ -194,6 +194,10 @@ class PageAttempt {
   // Stages the durable terminal effect of slot `i`.
   absl::Status StageTerminal(size_t i, Decision::Kind kind, const std::string& reason,
                              store::StepBatch* step);
+  // Delivery: stages the removal of the outbox entries of `newly_terminal` (ascending
+  // slot indices), one range deletion per run of consecutive slots.
+  void StageOutboxRemovals(const std::vector<size_t>& newly_terminal,
+                           store::StepBatch* step) const;
   // A new step of this attempt, starting with the pending orphan deletes, with room
   // for `events` staged events.
   std::unique_ptr<store::StepBatch> NewStep(size_t events = 0);

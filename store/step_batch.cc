@@ -87,4 +87,12 @@ void StepBatch::DeleteOutbox(Position pos) {
   batch_.Delete(cfs_->outbox, PositionalKey(pos));
 }
 
+void StepBatch::DeleteOutboxRange(Position first, Position last) {
+  NoteOutboxWrite(first);
+  deletes_outbox_ = true;
+  scratch_ = keys::Positional(source_id_, last);
+  scratch_.push_back('\0');  // the key right after `last`'s: the end is exclusive
+  batch_.DeleteRange(cfs_->outbox, PositionalKey(first), scratch_);
+}
+
 }  // namespace handoff::store

@@ -60,6 +60,10 @@ class StepBatch {
   // row, store/row_codec.h) carries it itself, as every entry of a version 1-2 database.
   void PutOutbox(Position pos, absl::string_view serialized_row = {});
   void DeleteOutbox(Position pos);
+  // Deletes every outbox entry of the source in [first, last] with one range deletion:
+  // what the delivery stage stages for a run of consecutive entries it delivered, in
+  // place of a deletion per entry (each one a memtable insert). REQUIRES: first <= last.
+  void DeleteOutboxRange(Position first, Position last);
 
   // The lowest position of an outbox entry this step puts or deletes, and whether it
   // deletes one: an ingest step that rewrites entries the delivery stage may have read

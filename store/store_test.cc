@@ -826,6 +826,48 @@ TEST_F(StoreTest, OutboxEntriesStandForTheirRows) {
   EXPECT_EQ(visited, 2);  // 1 and 2, then the entry of 4 stops the scan
 }
 
+TEST_F(StoreTest, OutboxRangeRemovalTakesExactlyItsRange) {
+  Open();
+  Seed("s");
+  Seed("s0");
+  Seed("s\x01");  // sorts right after "s"'s keys: a range of "s" must not reach it
+  Fence any;
+  any.any_version = true;
+  for (const char* id : {"s", "s0", "s\x01"}) {
+    std::unique_ptr<StepBatch> step = store_->NewStep(id);
+    for (uint64_t b = 1; b <= 4; ++b) {
+      for (uint64_t l : {uint64_t{0}, uint64_t{1}, kMax}) step->PutOutbox(Position{b, l}, "row");
+    }
+    ASSERT_TRUE(store_->CommitStep(Stage::kIngest, step.get(), any, CheckpointUpdate{}).ok());
+  }
+  auto positions = [&](absl::string_view id) {
+    std::vector<Position> seen;
+    absl::Status s = store_->ScanOutbox(id, Position{0, 0}, Position{kMax, kMax},
+                                        [&](Position p, absl::string_view) {
+                                          seen.push_back(p);
+                                          return true;
+                                        });
+    EXPECT_TRUE(s.ok()) << s;
+    return seen;
+  };
+  std::unique_ptr<StepBatch> step = store_->NewStep("s");
+  step->DeleteOutboxRange(Position{1, 1}, Position{3, 0});  // both ends included
+  step->DeleteOutboxRange(Position{4, kMax}, Position{4, kMax});
+  EXPECT_EQ(step->lowest_outbox_write(), (Position{1, 1}));
+  EXPECT_TRUE(step->deletes_outbox());
+  absl::StatusOr<CheckpointRecord> r =
+      store_->CommitStep(Stage::kIngest, step.get(), any, CheckpointUpdate{});
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::vector<Position> kept = {Position{1, 0}, Position{3, 1}, Position{3, kMax},
+                                      Position{4, 0}, Position{4, 1}};
+  EXPECT_EQ(positions("s"), kept);
+  Reopen();  // the same from the files, after a flush of the memtable
+  ASSERT_TRUE(store_->Flush().ok());
+  EXPECT_EQ(positions("s"), kept);
+  EXPECT_EQ(positions("s0").size(), 12u);
+  EXPECT_EQ(positions("s\x01").size(), 12u);
+}
+
 TEST_F(StoreTest, RefusesForeignDirectory) {
   std::filesystem::create_directories(path_);
   std::ofstream(path_ + "/notes.txt") << "not a database\n";

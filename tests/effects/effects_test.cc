@@ -164,6 +164,19 @@ class Rig {
     EXPECT_TRUE(st.ok()) << st;
     return out;
   }
+  // The positions of the source's outbox entries (awaiting delivery), in order.
+  std::vector<Position> OutboxEntries(const std::string& id) {
+    std::vector<Position> out;
+    absl::Status st = store_->ScanOutbox(
+        id, Position{0, 0},
+        Position{std::numeric_limits<uint64_t>::max(), std::numeric_limits<uint64_t>::max()},
+        [&](Position pos, absl::string_view) {
+          out.push_back(pos);
+          return true;
+        });
+    EXPECT_TRUE(st.ok()) << st;
+    return out;
+  }
 
  private:
   const std::string dir_;
@@ -338,6 +351,49 @@ TEST(Effects, AHoldResolvedMidRunStillDeliversAndRecordsEveryEvent) {
   ASSERT_EQ(receipts.size(), 24u);
   for (size_t i = 0; i < receipts.size(); ++i) {
     EXPECT_EQ(receipts[i], (Position{100 + i / 2, i % 2})) << i;
+  }
+}
+
+// A delivered run leaves the outbox as one range deletion per stretch of consecutive
+// delivered entries (PageAttempt::StageOutboxRemovals): an entry held in the middle of a
+// batch stays, its neighbours on both sides go, and once it is delivered nothing is left.
+TEST(Effects, AHoldInTheMiddleOfABatchKeepsOnlyItsOutboxEntry) {
+  Rig rig(consumer::testing::TestDir("hold-mid-batch"));
+  LoadReorgingChain(rig.provider("mid"));
+  handoff::sim::v1::FaultConfig faults;
+  // The run of 3 entries [104:1, 105:0, 105:1] goes in one ApplyBatch call.
+  faults.mutable_reject()->add_idempotency_keys(KeyOf("mid", 105, 0, "a"));
+  rig.sink()->SetFaults(faults);
+  handoff::v1::SourceSpec spec = rig.Spec("mid", handoff::v1::DELIVERY_GATE_FINALIZED);
+  spec.mutable_failure_policy()->set_on_rejection(handoff::v1::REJECTION_POLICY_HOLD);
+  rig.Create(spec);
+  handoff::v1::ListHoldsRequest lh;
+  lh.set_source_id("mid");
+  ASSERT_TRUE(rig.WaitFor("mid", [&](const handoff::v1::Progress&) {
+    absl::StatusOr<handoff::v1::ListHoldsResponse> h = rig.manager()->ListHolds(lh);
+    return h.ok() && h->holds_size() == 1;
+  }));
+  absl::StatusOr<handoff::v1::ListHoldsResponse> holds = rig.manager()->ListHolds(lh);
+  ASSERT_TRUE(holds.ok());
+  const handoff::v1::Hold hold = holds->holds(0);
+  EXPECT_EQ(hold.event().block_number(), 105u);
+  EXPECT_EQ(hold.event().log_index(), 0u);
+  EXPECT_EQ(rig.DeliveredHash("mid", Position{105, 1}), MakeRow(105, 1, "a").block_hash());
+  std::vector<Position> pending = rig.OutboxEntries("mid");
+  ASSERT_FALSE(pending.empty());
+  EXPECT_EQ(pending[0], (Position{105, 0}));
+  for (const Position& p : pending) {
+    EXPECT_FALSE(p == (Position{104, 1}) || p == (Position{105, 1})) << p.DebugString();
+  }
+  rig.sink()->SetFaults(handoff::sim::v1::FaultConfig());
+  ASSERT_TRUE(Resolve(rig, "mid", hold, handoff::v1::HOLD_DECISION_RETRY, "sink fixed").ok());
+  ASSERT_TRUE(rig.WaitFor("mid", [](const handoff::v1::Progress& p) {
+    return DeliveredThrough(p, 111, 1);
+  })) << "delivery never reached 111:1";
+  ExpectFinalChainDeliveredOnce(rig, "mid");
+  EXPECT_EQ(rig.DeliveryReceipts("mid").size(), 24u);
+  for (const Position& p : rig.OutboxEntries("mid")) {
+    EXPECT_GT(p, (Position{111, 1})) << "delivered but still pending: " << p.DebugString();
   }
 }
 

@@ -50,8 +50,6 @@ store::Mark ToMark(const BlockMarkValue& m) {
 
 EarlyDelivery::~EarlyDelivery() {
   if (answers.valid()) answers.wait();
-  deliveries.clear();
-  RowPool::Default().Give(std::move(rows));
 }
 
 PageAttempt::~PageAttempt() { RowPool::Default().Give(std::move(page_.items)); }
@@ -540,11 +538,11 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
         // the same events and not just the same positions (a correction since the early
         // call may have replaced them).
         std::vector<SinkAnswer> early = config_.early->answers.get();
-        bool same = sent == 0 && config_.early->rows.size() == count;
+        bool same = sent == 0 && config_.early->sent.size() == count && early.size() == count;
         for (size_t k = 0; same && k < count; ++k) {
-          const handoff::v1::EventRow& sent_early = config_.early->rows[k];
-          same = PositionOf(sent_early) == slots_[batch[k]].pos &&
-                 sent_early.block_hash() == page_.items[batch[k]].block_hash();
+          const EarlyDelivery::Sent& sent_early = config_.early->sent[k];
+          same = sent_early.pos == slots_[batch[k]].pos &&
+                 sent_early.block_hash == page_.items[batch[k]].block_hash();
         }
         if (same) part = std::move(early);
         FaultPoints::Hit(same ? "delivery.early_answers_used" : "delivery.early_answers_dropped");
@@ -576,6 +574,30 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
       if (!clean) batch.resize(sent);
     }
 
+    // Every answer's decision first: whether this step ends the page decides whether
+    // the next run's first call goes out now, before the step is staged and committed.
+    std::vector<Decision> decisions;
+    decisions.reserve(batch.size());
+    bool all_terminal_after = true;
+    for (size_t k = 0; k < batch.size(); ++k) {
+      const size_t j = batch[k];
+      const SinkAnswer& answer = k < answers.size() ? answers[k] : SinkAnswer{};
+      const uint32_t attempts = (slots_[j].hold.has_value() ? slots_[j].hold->attempts() : 0) + 1;
+      decisions.push_back(Classify(answer, attempts, config_.policy));
+      all_terminal_after = all_terminal_after && (decisions.back().kind == Decision::Kind::kApplied ||
+                                                  decisions.back().kind == Decision::Kind::kIgnored);
+    }
+    if (all_terminal_after) {
+      // And the slots outside the batch: terminal already.
+      size_t k = 0;
+      for (size_t i = 0; i < n && all_terminal_after; ++i) {
+        while (k < batch.size() && batch[k] < i) ++k;
+        all_terminal_after = slots_[i].state == SlotState::kTerminal ||
+                             (k < batch.size() && batch[k] == i);
+      }
+    }
+    if (all_terminal_after && config_.on_final_commit) config_.on_final_commit();
+
     std::unique_ptr<store::StepBatch> step = NewStep(batch.size());
     std::vector<size_t> newly;
     std::vector<std::pair<size_t, std::string>> quarantines;
@@ -587,7 +609,7 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
       const size_t j = batch[k];
       SinkAnswer answer = k < answers.size() ? answers[k] : SinkAnswer{};
       const uint32_t attempts = (slots_[j].hold.has_value() ? slots_[j].hold->attempts() : 0) + 1;
-      Decision d = Classify(answer, attempts, config_.policy);
+      const Decision& d = decisions[k];
       switch (d.kind) {
         case Decision::Kind::kApplied:
         case Decision::Kind::kIgnored: {
@@ -633,18 +655,6 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
       }
     }
     if (progressed) backoff_.Reset();
-    const bool all_terminal_after =
-        quarantines.empty() && holds.empty() && [&] {
-          size_t k = 0;
-          for (size_t i = 0; i < n; ++i) {
-            while (k < newly.size() && newly[k] < i) ++k;
-            if (slots_[i].state != SlotState::kTerminal && !(k < newly.size() && newly[k] == i)) {
-              return false;
-            }
-          }
-          return true;
-        }();
-    if (all_terminal_after && config_.on_final_commit) config_.on_final_commit();
     std::optional<Result> r =
         CommitSlots(step.get(), newly, deltas, config_.fuse_barrier && all_terminal_after,
                     "before_event_commit", "after_event_commit");

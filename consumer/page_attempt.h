@@ -62,12 +62,16 @@ struct EarlyDelivery {
   EarlyDelivery() = default;
   EarlyDelivery(const EarlyDelivery&) = delete;
   EarlyDelivery& operator=(const EarlyDelivery&) = delete;
-  // Waits for the call, then gives the rows to RowPool.
+  // Waits for the call.
   ~EarlyDelivery();
 
-  std::vector<handoff::v1::EventRow> rows;  // in outbox order; `deliveries` point into it
-  std::vector<Delivery> deliveries;
-  std::future<std::vector<SinkAnswer>> answers;  // waits for the call when destroyed
+  // What was sent, in outbox order: the position and block hash of each event.
+  struct Sent {
+    Position pos;
+    std::string block_hash;
+  };
+  std::vector<Sent> sent;
+  std::future<std::vector<SinkAnswer>> answers;  // ExternalSink::Send's
 };
 
 struct AttemptConfig {
@@ -105,8 +109,8 @@ struct AttemptConfig {
   // for CANCELLED, otherwise kStorageFailed. May be empty.
   std::function<absl::Status()> before_commit;
   // With a sink: called on the attempt's thread once every event of the attempt has a
-  // clean answer and only the final step's commit remains (so that the worker can send
-  // the next call during it); may be empty.
+  // clean answer and only the final step remains, before it is staged and committed (so
+  // that the worker's next call overlaps both); may be empty.
   std::function<void()> on_final_commit;
 };
 

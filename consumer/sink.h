@@ -13,6 +13,7 @@
 #ifndef HANDOFF_CONSUMER_SINK_H_
 #define HANDOFF_CONSUMER_SINK_H_
 
+#include <future>
 #include <optional>
 #include <string>
 #include <vector>
@@ -66,6 +67,13 @@ class ExternalSink {
   // delivery, in order. Thread-compatible; called by one worker at a time.
   virtual std::vector<SinkAnswer> Deliver(absl::string_view source_id,
                                           absl::Span<const Delivery> deliveries) = 0;
+  // Sends `deliveries` as Deliver does but returns as soon as they no longer need their
+  // rows (the caller may reuse them then); the answers come through the future, which
+  // the caller waits for before its next Send or Deliver. An empty answer means nothing
+  // was recorded for them: deliver them again. The default runs Deliver over copies of
+  // the rows on a thread of its own.
+  virtual std::future<std::vector<SinkAnswer>> Send(absl::string_view source_id,
+                                                    absl::Span<const Delivery> deliveries);
   // The most deliveries worth sending in one call (1 without a batch API).
   virtual int max_batch() const = 0;
   // Unblocks a Deliver in progress (answers kTransportError). Any thread.

@@ -619,30 +619,33 @@ std::unique_ptr<EarlyDelivery> SourceWorker::SendEarly(Position after, Position 
                                                        ReadAhead* ahead) {
   const std::optional<Position> from = NextRunStart(after);
   if (!from.has_value() || to < *from) return nullptr;
-  auto early = std::make_unique<EarlyDelivery>();
   // The next attempt's first call: at most one sink batch, and no more than a run.
   const size_t count = static_cast<size_t>(
       std::max(1, std::min(parts_.sink->max_batch(), options_.delivery_run)));
+  // Sent from the read-ahead's rows, which become the next run's (Send is done with
+  // them when it returns), or else from rows read now.
   const std::vector<handoff::v1::EventRow>* read =
       ahead != nullptr ? ahead->RowsFrom(*from, to) : nullptr;
-  if (read != nullptr) {
-    // Copied into recycled rows (their strings' memory reused): the read-ahead's rows
-    // become the next run's.
-    early->rows = RowPool::Default().Take();
-    early->rows.assign(read->begin(), read->begin() + std::min(count, read->size()));
-  } else if (!ReadOutbox(*from, to, count, &early->rows).ok()) {
+  std::vector<handoff::v1::EventRow> own;
+  if (read == nullptr) {
     // A failed read sends nothing: the next attempt reads the outbox itself and reports it.
-    return nullptr;
+    if (!ReadOutbox(*from, to, count, &own).ok()) return nullptr;
+    read = &own;
   }
-  if (early->rows.empty()) return nullptr;
-  early->deliveries.reserve(early->rows.size());
-  for (const handoff::v1::EventRow& row : early->rows) {
-    early->deliveries.push_back(MakeDelivery(spec_.id(), row, GatedFinality(spec_.sink().gate())));
+  const size_t n = std::min(count, read->size());
+  if (n == 0) return nullptr;
+  auto early = std::make_unique<EarlyDelivery>();
+  std::vector<Delivery> deliveries;
+  deliveries.reserve(n);
+  early->sent.reserve(n);
+  const handoff::v1::Finality finality = GatedFinality(spec_.sink().gate());
+  for (size_t i = 0; i < n; ++i) {
+    const handoff::v1::EventRow& row = (*read)[i];
+    deliveries.push_back(MakeDelivery(spec_.id(), row, finality));
+    early->sent.push_back(EarlyDelivery::Sent{PositionOf(row), row.block_hash()});
   }
-  EarlyDelivery* e = early.get();
-  early->answers = std::async(std::launch::async, [this, e] {
-    return parts_.sink->Deliver(spec_.id(), e->deliveries);
-  });
+  early->answers = parts_.sink->Send(spec_.id(), deliveries);
+  RowPool::Default().Give(std::move(own));
   return early;
 }
 

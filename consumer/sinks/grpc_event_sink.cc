@@ -1,6 +1,7 @@
 #include "consumer/sinks/grpc_event_sink.h"
 
 #include <algorithm>
+#include <future>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -197,6 +198,46 @@ std::vector<SinkAnswer> GrpcEventSink::Deliver(absl::string_view source_id,
   return answers;
 }
 
+std::future<std::vector<SinkAnswer>> GrpcEventSink::Send(absl::string_view source_id,
+                                                         absl::Span<const Delivery> deliveries) {
+  const bool one_batch = !per_event_.load() && !deliveries.empty() &&
+                         deliveries.size() <= static_cast<size_t>(max_batch_) &&
+                         std::all_of(deliveries.begin(), deliveries.end(),
+                                     [](const Delivery& d) { return d.row != nullptr; });
+  if (!one_batch) return ExternalSink::Send(source_id, deliveries);
+  // Lives until the RPC's callback, which frees it.
+  struct InFlight {
+    std::unique_ptr<BatchCall> call;
+    grpc::ClientContext ctx;
+    std::promise<std::vector<SinkAnswer>> answers;
+  };
+  auto flight = std::make_unique<InFlight>();
+  std::future<std::vector<SinkAnswer>> answers = flight->answers.get_future();
+  flight->call = BatchCallPool::Default().Take();
+  for (const Delivery& d : deliveries) Fill(source_id, d, flight->call->request.add_events());
+  flight->ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
+  if (!Register(&flight->ctx)) {
+    BatchCallPool::Default().Give(std::move(flight->call));
+    flight->answers.set_value(
+        std::vector<SinkAnswer>(deliveries.size(), TransportError("sink cancelled")));
+    return answers;
+  }
+  InFlight* f = flight.release();
+  stub_->async()->ApplyBatch(
+      &f->ctx, &f->call->request, &f->call->response, [this, f](grpc::Status status) {
+        const std::unique_ptr<InFlight> done(f);
+        Unregister(&done->ctx);
+        std::vector<SinkAnswer> out;
+        if (BatchAnswers(status, *done->call, &out) == BatchResult::kUnimplemented) {
+          per_event_.store(true);  // `out` stays empty: the events are sent again
+        }
+        BatchCallPool::Default().Give(std::move(done->call));
+        // Last: the waiting caller may destroy this sink once it has the answers.
+        done->answers.set_value(std::move(out));
+      });
+  return answers;
+}
+
 bool GrpcEventSink::CallApply(const ApplyRequest& request, SinkAnswer* answer) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
@@ -228,6 +269,14 @@ GrpcEventSink::BatchResult GrpcEventSink::CallApplyBatch(BatchCall* call,
   }
   const grpc::Status s = stub_->ApplyBatch(&ctx, request, &response);
   Unregister(&ctx);
+  return BatchAnswers(s, *call, answers);
+}
+
+GrpcEventSink::BatchResult GrpcEventSink::BatchAnswers(const grpc::Status& s,
+                                                       const BatchCall& call,
+                                                       std::vector<SinkAnswer>* answers) {
+  const handoff::v1::ApplyBatchResponse& response = call.response;
+  const size_t n = call.request.events_size();
   if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) return BatchResult::kUnimplemented;
   if (!s.ok()) {
     answers->assign(n, TransportError(Describe("ApplyBatch", s)));

@@ -15,6 +15,11 @@
 //     there, so later events never overtake an earlier one that failed).
 // ApplyBatch answered UNIMPLEMENTED switches this sink to Apply for good (the same events
 // are re-sent one by one; max_batch() becomes 1).
+// Send() of at most max_batch events is one ApplyBatch made with gRPC's callback API: the
+// request is filled on the caller's thread and sent from there, and the answer is read
+// by gRPC's own threads; no thread is started or woken to send (the delivery stage's
+// lookahead, bench/HISTORY.md item 89). Its UNIMPLEMENTED answers nothing (the events
+// are sent again, one by one).
 //
 // Thread-compatible for Deliver (one worker at a time); Cancel() and max_batch() may be
 // called from any thread. Cancel() is final: in-flight RPCs are cancelled and every later
@@ -113,6 +118,8 @@ class GrpcEventSink final : public ExternalSink {
 
   std::vector<SinkAnswer> Deliver(absl::string_view source_id,
                                   absl::Span<const Delivery> deliveries) override;
+  std::future<std::vector<SinkAnswer>> Send(absl::string_view source_id,
+                                            absl::Span<const Delivery> deliveries) override;
   int max_batch() const override;
   void Cancel() override;
 
@@ -128,6 +135,9 @@ class GrpcEventSink final : public ExternalSink {
   // One ApplyBatch RPC of `call->request` (its answer in `call->response`); fills one
   // answer per event of the request (except kUnimplemented).
   BatchResult CallApplyBatch(BatchCall* call, std::vector<SinkAnswer>* answers);
+  // The answers of a finished ApplyBatch RPC of `call`, as CallApplyBatch returns them.
+  static BatchResult BatchAnswers(const grpc::Status& status, const BatchCall& call,
+                                  std::vector<SinkAnswer>* answers);
 
   // Registers `ctx` for Cancel(), or returns false if already cancelled.
   bool Register(grpc::ClientContext* ctx);

@@ -1,6 +1,7 @@
 #include "consumer/sinks/grpc_event_sink.h"
 
 #include <cstdlib>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -284,6 +285,69 @@ TEST(GrpcEventSinkTest, CancelUnblocksAnInFlightCallAndFailsLaterOnes) {
   auto later = client->Deliver(kSource, events.all());
   EXPECT_EQ(Kinds(later), std::vector<Kind>(2, Kind::kTransportError));
   EXPECT_EQ(sink->stats().calls(), 1u);  // nothing more was sent
+}
+
+// Send: one ApplyBatch whose request is built before Send returns, so the rows may be
+// changed at once; the answers come through the future.
+TEST(GrpcEventSinkTest, SendIsOneBatchThatNoLongerNeedsItsRows) {
+  auto sink = StartSink("send");
+  auto client = Client(*sink, /*batch=*/true, /*max_batch=*/4);
+  std::vector<handoff::v1::EventRow> rows;
+  for (int i = 0; i < 3; ++i) {
+    handoff::v1::EventRow row;
+    row.set_block_number(700 + i);
+    row.set_block_hash(absl::StrCat("0xs", i));
+    rows.push_back(row);
+  }
+  std::vector<Delivery> deliveries;
+  for (const auto& row : rows) {
+    deliveries.push_back(Delivery{IdempotencyKey(kSource, row), &row, handoff::v1::FINALITY_SAFE});
+  }
+  std::future<std::vector<SinkAnswer>> answers = client->Send(kSource, deliveries);
+  for (auto& row : rows) row.set_block_number(1);  // reused once Send returned
+  EXPECT_EQ(Kinds(answers.get()), std::vector<Kind>(3, Kind::kApplied));
+  EXPECT_EQ(sink->stats().batch_calls(), 1u);
+  auto records = sink->Records();
+  ASSERT_TRUE(records.ok());
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(records->at(deliveries[i].idempotency_key).request.event().block_number(),
+              700u + i);
+  }
+  // More than one batch: sent as Deliver sends it, chunk after chunk, over copies.
+  Events events(6, /*first_block=*/800);
+  EXPECT_EQ(Kinds(client->Send(kSource, events.all()).get()),
+            std::vector<Kind>(6, Kind::kApplied));
+  EXPECT_EQ(sink->stats().batch_calls(), 3u);
+}
+
+TEST(GrpcEventSinkTest, SendToASinkWithoutBatchesAnswersNothingAndSwitchesToApply) {
+  FaultConfig faults;
+  faults.set_batch_unimplemented(true);
+  auto sink = StartSink("send_fallback", faults);
+  auto client = Client(*sink, /*batch=*/true, /*max_batch=*/4);
+  Events events(3);
+  EXPECT_TRUE(client->Send(kSource, events.all()).get().empty());  // send them again
+  EXPECT_EQ(client->max_batch(), 1);
+  EXPECT_EQ(sink->stats().records(), 0u);
+  EXPECT_EQ(Kinds(client->Send(kSource, events.all()).get()),
+            std::vector<Kind>(3, Kind::kApplied));
+  EXPECT_EQ(sink->stats().batch_calls(), 1u);
+  EXPECT_EQ(sink->stats().calls(), 4u);
+}
+
+TEST(GrpcEventSinkTest, CancelAnswersASendInFlight) {
+  FaultConfig faults;
+  faults.set_delay_ms(60000);
+  auto sink = StartSink("send_cancel", faults);
+  auto client = Client(*sink, /*batch=*/true, 256, absl::Seconds(60));
+  Events events(2);
+  std::future<std::vector<SinkAnswer>> answers = client->Send(kSource, events.all());
+  ASSERT_TRUE(sink->WaitForCalls(1, absl::Seconds(30)));
+  client->Cancel();
+  EXPECT_EQ(Kinds(answers.get()), std::vector<Kind>(2, Kind::kTransportError));
+  EXPECT_EQ(Kinds(client->Send(kSource, events.all()).get()),
+            std::vector<Kind>(2, Kind::kTransportError));
+  EXPECT_EQ(sink->stats().calls(), 1u);
 }
 
 TEST(GrpcEventSinkTest, AnUnreachableSinkIsATransportError) {

@@ -260,6 +260,30 @@ bool DeliveredThrough(const handoff::v1::Progress& p, uint64_t block, uint64_t i
                              (d.applied_block() == block && d.applied_log_index() >= index));
 }
 
+// Waits until `id` has exactly one open hold, and returns it.
+std::optional<handoff::v1::Hold> TheOnlyHold(Rig& rig, const std::string& id) {
+  handoff::v1::ListHoldsRequest lh;
+  lh.set_source_id(id);
+  std::optional<handoff::v1::Hold> hold;
+  rig.WaitFor(id, [&](const handoff::v1::Progress&) {
+    absl::StatusOr<handoff::v1::ListHoldsResponse> h = rig.manager()->ListHolds(lh);
+    if (h.ok() && h->holds_size() == 1) hold = h->holds(0);
+    return hold.has_value();
+  });
+  return hold;
+}
+
+// The sink fixed, `hold` released for a retry: delivery reaches the end of the chain of
+// LoadReorgingChain, each of its final events delivered once.
+void RetryAndDeliverTheChain(Rig& rig, const std::string& id, const handoff::v1::Hold& hold) {
+  rig.sink()->SetFaults(handoff::sim::v1::FaultConfig());
+  ASSERT_TRUE(Resolve(rig, id, hold, handoff::v1::HOLD_DECISION_RETRY, "sink fixed").ok());
+  ASSERT_TRUE(rig.WaitFor(id, [](const handoff::v1::Progress& p) {
+    return DeliveredThrough(p, 111, 1);
+  })) << "delivery never reached 111:1";
+  ExpectFinalChainDeliveredOnce(rig, id);
+}
+
 // The delivery stage's crash points, in the order one run passes them.
 constexpr const char* kDeliveryCrashPoints[] = {
     "delivery.after_deliver", "delivery.before_event_commit", "delivery.after_event_commit",
@@ -328,23 +352,11 @@ TEST(Effects, AHoldResolvedMidRunStillDeliversAndRecordsEveryEvent) {
       rig.Spec("fin", handoff::v1::DELIVERY_GATE_FINALIZED, /*batch=*/false);
   spec.mutable_failure_policy()->set_on_rejection(handoff::v1::REJECTION_POLICY_HOLD);
   rig.Create(spec);
-  handoff::v1::ListHoldsRequest lh;
-  lh.set_source_id("fin");
-  ASSERT_TRUE(rig.WaitFor("fin", [&](const handoff::v1::Progress&) {
-    absl::StatusOr<handoff::v1::ListHoldsResponse> h = rig.manager()->ListHolds(lh);
-    return h.ok() && h->holds_size() == 1;
-  }));
-  absl::StatusOr<handoff::v1::ListHoldsResponse> holds = rig.manager()->ListHolds(lh);
-  ASSERT_TRUE(holds.ok());
-  const handoff::v1::Hold hold = holds->holds(0);
-  EXPECT_EQ(hold.event().block_number(), 105u);
+  const std::optional<handoff::v1::Hold> hold = TheOnlyHold(rig, "fin");
+  ASSERT_TRUE(hold.has_value());
+  EXPECT_EQ(hold->event().block_number(), 105u);
   // Released for a retry: the sink takes it now.
-  rig.sink()->SetFaults(handoff::sim::v1::FaultConfig());
-  ASSERT_TRUE(Resolve(rig, "fin", hold, handoff::v1::HOLD_DECISION_RETRY, "sink fixed").ok());
-  ASSERT_TRUE(rig.WaitFor("fin", [](const handoff::v1::Progress& p) {
-    return DeliveredThrough(p, 111, 1);
-  })) << "delivery never reached 111:1";
-  ExpectFinalChainDeliveredOnce(rig, "fin");
+  RetryAndDeliverTheChain(rig, "fin", *hold);
   // And the engine recorded each of them: rows read ahead for a later run, taken by a
   // run that starts earlier, would deliver that run's events without their receipts.
   const std::vector<Position> receipts = rig.DeliveryReceipts("fin");
@@ -367,17 +379,10 @@ TEST(Effects, AHoldInTheMiddleOfABatchKeepsOnlyItsOutboxEntry) {
   handoff::v1::SourceSpec spec = rig.Spec("mid", handoff::v1::DELIVERY_GATE_FINALIZED);
   spec.mutable_failure_policy()->set_on_rejection(handoff::v1::REJECTION_POLICY_HOLD);
   rig.Create(spec);
-  handoff::v1::ListHoldsRequest lh;
-  lh.set_source_id("mid");
-  ASSERT_TRUE(rig.WaitFor("mid", [&](const handoff::v1::Progress&) {
-    absl::StatusOr<handoff::v1::ListHoldsResponse> h = rig.manager()->ListHolds(lh);
-    return h.ok() && h->holds_size() == 1;
-  }));
-  absl::StatusOr<handoff::v1::ListHoldsResponse> holds = rig.manager()->ListHolds(lh);
-  ASSERT_TRUE(holds.ok());
-  const handoff::v1::Hold hold = holds->holds(0);
-  EXPECT_EQ(hold.event().block_number(), 105u);
-  EXPECT_EQ(hold.event().log_index(), 0u);
+  const std::optional<handoff::v1::Hold> hold = TheOnlyHold(rig, "mid");
+  ASSERT_TRUE(hold.has_value());
+  EXPECT_EQ(hold->event().block_number(), 105u);
+  EXPECT_EQ(hold->event().log_index(), 0u);
   EXPECT_EQ(rig.DeliveredHash("mid", Position{105, 1}), MakeRow(105, 1, "a").block_hash());
   std::vector<Position> pending = rig.OutboxEntries("mid");
   ASSERT_FALSE(pending.empty());
@@ -385,12 +390,7 @@ TEST(Effects, AHoldInTheMiddleOfABatchKeepsOnlyItsOutboxEntry) {
   for (const Position& p : pending) {
     EXPECT_FALSE(p == (Position{104, 1}) || p == (Position{105, 1})) << p.DebugString();
   }
-  rig.sink()->SetFaults(handoff::sim::v1::FaultConfig());
-  ASSERT_TRUE(Resolve(rig, "mid", hold, handoff::v1::HOLD_DECISION_RETRY, "sink fixed").ok());
-  ASSERT_TRUE(rig.WaitFor("mid", [](const handoff::v1::Progress& p) {
-    return DeliveredThrough(p, 111, 1);
-  })) << "delivery never reached 111:1";
-  ExpectFinalChainDeliveredOnce(rig, "mid");
+  RetryAndDeliverTheChain(rig, "mid", *hold);
   EXPECT_EQ(rig.DeliveryReceipts("mid").size(), 24u);
   for (const Position& p : rig.OutboxEntries("mid")) {
     EXPECT_GT(p, (Position{111, 1})) << "delivered but still pending: " << p.DebugString();

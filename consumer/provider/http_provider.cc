@@ -24,6 +24,8 @@ namespace {
 constexpr size_t kMaxErrorBody = 64 * 1024;
 // A prefetched page older than this is fetched again rather than handed out.
 constexpr absl::Duration kMaxPrefetchAge = absl::Seconds(5);
+// Polled pages fetched ahead of the one the engine asked for last, at most.
+constexpr size_t kPrefetchDepth = 2;
 constexpr size_t kMaxMessage = 300;
 
 std::string UrlEscape(absl::string_view s) {
@@ -205,11 +207,7 @@ absl::StatusOr<std::unique_ptr<HttpProvider>> HttpProvider::Create(HttpProviderO
 
 HttpProvider::~HttpProvider() {
   cancelled_.store(true);
-  if (prefetch_.busy()) {
-    stop_prefetch_.store(true);
-    WakeTransfers();
-    prefetch_.Wait();
-  }
+  StopPrefetch();
   absl::MutexLock lock(&lifecycle_mu_);
   StopReader();
 }
@@ -283,11 +281,7 @@ void HttpProvider::DropReadAhead() {
     StopReader();
     return;
   }
-  if (!prefetch_.busy()) return;
-  stop_prefetch_.store(true);
-  WakeTransfers();
-  prefetch_.Wait();
-  prefetch_result_.reset();  // its page, and the page's slot
+  StopPrefetch();  // drops the prefetched pages, and their slots
 }
 
 // ----- polling -------------------------------------------------------------------------
@@ -361,8 +355,9 @@ FetchResult HttpProvider::FetchPoll(const std::string& cursor) {
     if (!slot.has_value()) return Cancelled();
     result = PollOnce(cursor, nullptr, *std::move(slot));
   }
-  if (options_.poll_prefetch && result->page.has_value() && result->page->next != cursor &&
-      !cancelled_.load()) {
+  // A chain still running (or with pages waiting) is already fetching what follows.
+  if (options_.poll_prefetch && !prefetch_.busy() && result->page.has_value() &&
+      result->page->next != cursor && !cancelled_.load()) {
     // Only with a slot to spare: when sources wait for slots, the ones ahead of this
     // one fetch first, and a speculative page would take a slot from them.
     if (std::optional<PageSlot> slot = budget_->TryAcquire()) {
@@ -373,33 +368,91 @@ FetchResult HttpProvider::FetchPoll(const std::string& cursor) {
 }
 
 void HttpProvider::StartPrefetch(const std::string& cursor, PageSlot slot) {
-  prefetch_slot_ = std::move(slot);
-  prefetch_cursor_ = cursor;
+  {
+    absl::MutexLock lock(&prefetch_mu_);
+    prefetched_.clear();
+    fetching_cursor_ = cursor;
+    chain_ended_ = false;
+    chain_stop_ = false;
+  }
   prefetch_generation_ = close_generation_.load();
-  prefetch_started_ = absl::Now();
-  prefetch_result_.reset();
   stop_prefetch_.store(false);
-  prefetch_.Run([this, cursor] {
-    prefetch_result_ = PollOnce(cursor, &stop_prefetch_, std::move(prefetch_slot_));
+  prefetch_.Run([this, cursor, slot = std::move(slot)]() mutable {
+    RunPrefetchChain(cursor, std::move(slot));
   });
+}
+
+void HttpProvider::RunPrefetchChain(std::string cursor, PageSlot slot) {
+  while (true) {
+    const absl::Time started = absl::Now();
+    FetchResult result = PollOnce(cursor, &stop_prefetch_, std::move(slot));
+    const bool more = result.page.has_value() && result.page->next != cursor;
+    std::string next = more ? result.page->next : std::string();
+    absl::MutexLock lock(&prefetch_mu_);
+    prefetched_.push_back(Prefetched{cursor, started, std::move(result)});
+    fetching_cursor_.clear();
+    // Goes on while the engine takes what is fetched, and only with a slot to spare.
+    auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(prefetch_mu_) {
+      return chain_stop_ || prefetched_.size() < kPrefetchDepth;
+    };
+    if (more) prefetch_mu_.AwaitWithTimeout(absl::Condition(&room), kMaxPrefetchAge);
+    std::optional<PageSlot> next_slot;
+    if (more && !chain_stop_ && prefetched_.size() < kPrefetchDepth) {
+      next_slot = budget_->TryAcquire();
+    }
+    if (!next_slot.has_value()) {
+      chain_ended_ = true;
+      return;
+    }
+    cursor = std::move(next);
+    fetching_cursor_ = cursor;
+    slot = *std::move(next_slot);
+  }
+}
+
+void HttpProvider::StopPrefetch() {
+  if (!prefetch_.busy()) return;
+  {
+    absl::MutexLock lock(&prefetch_mu_);
+    chain_stop_ = true;
+  }
+  stop_prefetch_.store(true);
+  WakeTransfers();
+  prefetch_.Wait();
+  absl::MutexLock lock(&prefetch_mu_);
+  prefetched_.clear();  // the pages, and their slots
+  fetching_cursor_.clear();
 }
 
 std::optional<FetchResult> HttpProvider::TakePrefetch(const std::string& cursor) {
   if (!prefetch_.busy()) return std::nullopt;
-  if (prefetch_cursor_ != cursor) {
-    // The engine did not commit the page the prefetch followed: drop the speculation.
-    stop_prefetch_.store(true);
-    WakeTransfers();
+  std::optional<Prefetched> taken;
+  bool chain_over = false;
+  {
+    absl::MutexLock lock(&prefetch_mu_);
+    // The chain's next page: fetched, or being fetched (waited for) if it is `cursor`'s.
+    auto arrived = [this, &cursor]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(prefetch_mu_) {
+      return !prefetched_.empty() || chain_ended_ || fetching_cursor_ != cursor;
+    };
+    prefetch_mu_.Await(absl::Condition(&arrived));
+    if (!prefetched_.empty() && prefetched_.front().cursor == cursor) {
+      taken = std::move(prefetched_.front());
+      prefetched_.pop_front();
+      chain_over = chain_ended_ && prefetched_.empty();
+    }
   }
-  prefetch_.Wait();
-  std::optional<FetchResult> result = std::move(prefetch_result_);
-  prefetch_result_.reset();
-  const bool usable = prefetch_cursor_ == cursor && result.has_value() &&
-                      result->page.has_value() &&
+  const bool usable = taken.has_value() && taken->result.page.has_value() &&
                       prefetch_generation_ == close_generation_.load() &&
-                      absl::Now() - prefetch_started_ < kMaxPrefetchAge;
-  if (!usable) return std::nullopt;
-  return result;
+                      absl::Now() - taken->started < kMaxPrefetchAge;
+  if (!usable) {
+    // The engine did not commit the page the chain followed (or it is stale): drop
+    // the speculation.
+    taken.reset();
+    StopPrefetch();
+    return std::nullopt;
+  }
+  if (chain_over) prefetch_.Wait();
+  return std::move(taken->result);
 }
 
 FetchResult HttpProvider::PollOnce(const std::string& cursor, const std::atomic<bool>* stop,
@@ -496,7 +549,10 @@ FetchResult HttpProvider::PollWith(CurlSession* session, const std::string& curs
 bool HttpProvider::Ready(const std::string& committed_cursor) {
   if (cancelled_.load()) return true;
   if (options_.transport != handoff::v1::TRANSPORT_SSE) {
-    return prefetch_.busy() && prefetch_cursor_ == committed_cursor;
+    if (!prefetch_.busy()) return false;
+    absl::MutexLock lock(&prefetch_mu_);
+    return (!prefetched_.empty() && prefetched_.front().cursor == committed_cursor) ||
+           (prefetched_.empty() && fetching_cursor_ == committed_cursor);
   }
   absl::MutexLock lock(&mu_);
   return stream_usable_ && position_ == committed_cursor && !queue_.empty();

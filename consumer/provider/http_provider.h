@@ -7,12 +7,14 @@
 // (64 sources catching up held 64 connections, each kept alive by the provider, where
 // about a third of them have a request in flight at a time: bench/HISTORY.md item 61).
 // Prefetch (poll_prefetch): when Fetch(c) returns a page whose `next` N differs from c,
-// a helper thread at once requests and parses the page for N, so fetching and parsing
-// overlap the engine's commit of the current page. The speculative page is only handed
-// out by a later Fetch(N), that is, once the engine has durably committed N as its
-// resume cursor (the barrier); any other Fetch(c') (a failed or lost commit rereads an
-// older cursor), a Close() or a refusal discards it, and so does age (a prefetched page
-// older than kMaxPrefetchAge is fetched again). Nothing of a speculative page is
+// a helper thread at once requests and parses the page for N, then the one after it,
+// keeping at most kPrefetchDepth (2) pages fetched ahead of the engine, each under a
+// page slot taken only when one is free; so fetching and parsing overlap the engine's
+// commits, and the provider renders a page while the one before it is parsed. A
+// speculative page is only handed out by a later Fetch(N), that is, once the engine has
+// durably committed N as its resume cursor (the barrier); any other Fetch(c') (a failed
+// or lost commit rereads an older cursor), a Close() or a refusal discards the chain,
+// and so does age (a prefetched page older than kMaxPrefetchAge is fetched again). Nothing of a speculative page is
 // published or applied before its cursor is committed, so "the next request only after
 // the page is committed" still holds for everything the engine acts on; the provider
 // merely sees the read earlier.
@@ -165,7 +167,14 @@ class HttpProvider : public Provider {
   // The prefetched result for `cursor`, if any and still usable; always ends (joins) a
   // prefetch in flight. Called on the Fetch thread only.
   std::optional<FetchResult> TakePrefetch(const std::string& cursor);
+  // Starts the prefetch chain at `cursor` (its first page under `slot`).
+  // REQUIRES: no chain running (!prefetch_.busy()).
   void StartPrefetch(const std::string& cursor, PageSlot slot);
+  // The chain (on the prefetch thread): fetches `cursor`, then each page's next while
+  // fewer than kPrefetchDepth pages wait and a slot is free.
+  void RunPrefetchChain(std::string cursor, PageSlot slot) ABSL_LOCKS_EXCLUDED(prefetch_mu_);
+  // Ends the chain, if any, and drops its pages. Fetch thread.
+  void StopPrefetch() ABSL_LOCKS_EXCLUDED(prefetch_mu_);
   FetchResult FetchStream(const std::string& cursor);
   void ReaderMain(std::string cursor, uint64_t stream_id);
   // Pushes a page, waiting for room. False when the reader must stop.
@@ -201,12 +210,20 @@ class HttpProvider : public Provider {
   // Used only by the thread that calls Fetch (polling), or by the prefetch thread while
   // the Fetch thread is elsewhere (handed over by prefetch_.Run() and Wait()).
   PageParser poll_parser_;
-  std::string prefetch_cursor_;
-  PageSlot prefetch_slot_;  // handed to the prefetch thread by StartPrefetch
-  uint64_t prefetch_generation_ = 0;
-  absl::Time prefetch_started_;
-  std::optional<FetchResult> prefetch_result_;  // written by the prefetch thread
+  uint64_t prefetch_generation_ = 0;  // close_generation_ when the chain started
   std::atomic<bool> stop_prefetch_{false};
+  // The prefetch chain's pages, shared by the prefetch thread (which adds them) and the
+  // Fetch thread (which takes them in order).
+  struct Prefetched {
+    std::string cursor;  // the page's `from` cursor
+    absl::Time started;  // when its request went out
+    FetchResult result;
+  };
+  absl::Mutex prefetch_mu_;
+  std::deque<Prefetched> prefetched_ ABSL_GUARDED_BY(prefetch_mu_);
+  std::string fetching_cursor_ ABSL_GUARDED_BY(prefetch_mu_);  // in flight now, or empty
+  bool chain_ended_ ABSL_GUARDED_BY(prefetch_mu_) = false;     // the chain's thread is done
+  bool chain_stop_ ABSL_GUARDED_BY(prefetch_mu_) = false;      // StopPrefetch asked it to end
   // Runs the prefetch (declared last among these: destroyed first, it waits for a
   // prefetch in flight before the state that prefetch writes goes away).
   ReusableThread prefetch_;

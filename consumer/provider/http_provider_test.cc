@@ -254,6 +254,52 @@ TEST_F(HttpProviderTest, PollPrefetchIsHandedOutOnlyForTheCommittedNext) {
   EXPECT_EQ(third.from, ExpectPage(plain->Fetch(second.next)).from);
 }
 
+// The prefetch chain keeps two pages fetched ahead of the engine, each under a slot, and
+// follows the pages as the engine takes them; a Fetch of any other cursor drops the
+// chain and gives its slots back.
+TEST_F(HttpProviderTest, PollPrefetchChainStaysTwoPagesAheadAndAMissDropsIt) {
+  std::shared_ptr<PageBudget> budget = PageBudget::Create(8);
+  HttpProviderOptions o = Options(handoff::v1::TRANSPORT_POLL);
+  o.page_budget = budget;
+  auto p = Make(std::move(o));
+  HttpProviderOptions plain_options = Options(handoff::v1::TRANSPORT_POLL);
+  plain_options.poll_prefetch = false;
+  auto plain = Make(std::move(plain_options));
+  const size_t before = sim_->Requests().size();
+  std::optional<Page> first = ExpectPage(p->Fetch("0"));
+  ASSERT_TRUE(sim_->WaitForRequests(before + 3, absl::Seconds(10)));
+  const Page second_fresh = ExpectPage(plain->Fetch(first->next));
+  const Page third_fresh = ExpectPage(plain->Fetch(second_fresh.next));
+  std::vector<sim::RequestRecord> requests = sim_->Requests();
+  EXPECT_EQ(requests[before].from, "0");
+  EXPECT_EQ(requests[before + 1].from, first->next);
+  EXPECT_EQ(requests[before + 2].from, second_fresh.next);
+  EXPECT_TRUE(p->Ready(first->next));
+  EXPECT_EQ(budget->held(), 3u);  // the page and the two fetched ahead
+  // The engine takes the next page: the chain fetches one more.
+  std::optional<Page> second = ExpectPage(p->Fetch(first->next));
+  EXPECT_EQ(second->from, second_fresh.from);
+  ASSERT_EQ(second->items.size(), second_fresh.items.size());
+  for (size_t i = 0; i < second->items.size(); ++i) {
+    EXPECT_EQ(second->items[i].SerializeAsString(), second_fresh.items[i].SerializeAsString());
+  }
+  ASSERT_TRUE(sim_->WaitForRequests(before + 6, absl::Seconds(10)));  // 2 were `plain`'s
+  requests = sim_->Requests();
+  EXPECT_EQ(requests.back().from, third_fresh.next);
+  // A miss (the commit of `second` failed, its cursor is read again): the chain's two
+  // pages and their slots are dropped.
+  const std::string first_next = first->next;
+  first.reset();
+  std::optional<Page> again = ExpectPage(p->Fetch(first_next));
+  EXPECT_EQ(again->from, second_fresh.from);
+  second.reset();
+  again.reset();
+  // What remains held is the new chain's, started after `again`: at most two pages.
+  EXPECT_LE(budget->held(), 2u);
+  p.reset();
+  EXPECT_EQ(budget->held(), 0u);
+}
+
 // Every page is fetched under a slot of the shared PageBudget and holds it until it is
 // destroyed; a Fetch without a free slot waits for one (and Cancel ends the wait); a
 // prefetch takes a slot only when one is free.

@@ -2,7 +2,7 @@
 // shared by every source, with the receive buffers that go with them.
 //
 // Without it every source keeps its own page-sized buffers (a receive buffer, the page
-// being committed, the prefetched one): page memory grows with the number of sources,
+// being committed, the prefetched ones): page memory grows with the number of sources,
 // and 64 sources catching up at once hold 128 pages where two vCPUs can work on a few.
 // With it a page is fetched only under a PageSlot, and the slot travels with the Page
 // (Page::slot) until the page is destroyed, so at most `slots` pages exist whatever the

@@ -31,10 +31,11 @@
 // libcurl handles, the process itself) and the storage (store::StoreMemoryCeiling) are
 // separate terms of the process bound, stated in bench/REPORT.md (scenario 5).
 // Not a page term: a gated source's delivery stage holds at most two runs of decoded
-// outbox rows (SourceWorker's current run and the one read ahead) and one sink batch's
-// copy for the lookahead call, each row at most kRowBytesPerWireByte times its wire size
-// (README.md, "Memory"); nor the ApplyBatch calls GrpcEventSink recycles (per process,
-// BatchCallPool::kPooledBatchCalls sink batches).
+// outbox rows (SourceWorker's current run and the one read ahead) and the request of its
+// one sink call in flight (the lookahead's, or the run's own: never both), each row at
+// most kRowBytesPerWireByte times its wire size (README.md, "Memory"); nor the ApplyBatch
+// calls GrpcEventSink keeps for reuse (per process, BatchCallPool::kPooledBatchCalls sink
+// batches).
 #ifndef HANDOFF_CONSUMER_MEMORY_BOUND_H_
 #define HANDOFF_CONSUMER_MEMORY_BOUND_H_
 

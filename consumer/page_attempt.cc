@@ -213,6 +213,17 @@ std::optional<Position> PageAttempt::AppliedAfter(const std::vector<size_t>& new
   return end;
 }
 
+bool PageAttempt::AllTerminalWith(const std::vector<size_t>& slots) const {
+  size_t k = 0;  // `slots` is sorted
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    while (k < slots.size() && slots[k] < i) ++k;
+    if (slots_[i].state != SlotState::kTerminal && !(k < slots.size() && slots[k] == i)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 handoff::v1::Finality GatedFinality(handoff::v1::DeliveryGate gate) {
   return gate == handoff::v1::DELIVERY_GATE_SAFE ? handoff::v1::FINALITY_SAFE
                                                  : handoff::v1::FINALITY_FINALIZED;
@@ -577,25 +588,19 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
     // Every answer's decision first: whether this step ends the page decides whether
     // the next run's first call goes out now, before the step is staged and committed.
     std::vector<Decision> decisions;
+    std::vector<uint32_t> attempts;  // this one included
     decisions.reserve(batch.size());
-    bool all_terminal_after = true;
+    attempts.reserve(batch.size());
+    bool all_clean = true;
     for (size_t k = 0; k < batch.size(); ++k) {
       const size_t j = batch[k];
-      const SinkAnswer& answer = k < answers.size() ? answers[k] : SinkAnswer{};
-      const uint32_t attempts = (slots_[j].hold.has_value() ? slots_[j].hold->attempts() : 0) + 1;
-      decisions.push_back(Classify(answer, attempts, config_.policy));
-      all_terminal_after = all_terminal_after && (decisions.back().kind == Decision::Kind::kApplied ||
-                                                  decisions.back().kind == Decision::Kind::kIgnored);
+      attempts.push_back((slots_[j].hold.has_value() ? slots_[j].hold->attempts() : 0) + 1);
+      decisions.push_back(
+          Classify(k < answers.size() ? answers[k] : SinkAnswer{}, attempts.back(), config_.policy));
+      all_clean = all_clean && (decisions.back().kind == Decision::Kind::kApplied ||
+                                decisions.back().kind == Decision::Kind::kIgnored);
     }
-    if (all_terminal_after) {
-      // And the slots outside the batch: terminal already.
-      size_t k = 0;
-      for (size_t i = 0; i < n && all_terminal_after; ++i) {
-        while (k < batch.size() && batch[k] < i) ++k;
-        all_terminal_after = slots_[i].state == SlotState::kTerminal ||
-                             (k < batch.size() && batch[k] == i);
-      }
-    }
+    const bool all_terminal_after = all_clean && AllTerminalWith(batch);
     if (all_terminal_after && config_.on_final_commit) config_.on_final_commit();
 
     std::unique_ptr<store::StepBatch> step = NewStep(batch.size());
@@ -608,7 +613,6 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
     for (size_t k = 0; k < batch.size(); ++k) {
       const size_t j = batch[k];
       SinkAnswer answer = k < answers.size() ? answers[k] : SinkAnswer{};
-      const uint32_t attempts = (slots_[j].hold.has_value() ? slots_[j].hold->attempts() : 0) + 1;
       const Decision& d = decisions[k];
       switch (d.kind) {
         case Decision::Kind::kApplied:
@@ -635,15 +639,15 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
                                             d.kind == Decision::Kind::kReview
                                                 ? handoff::v1::HOLD_KIND_OPERATOR_REVIEW
                                                 : handoff::v1::HOLD_KIND_RETRYABLE_DEAD_LETTER,
-                                            d, answer, attempts);
+                                            d, answer, attempts[k]);
           step->PutHold(config_.stage, slots_[j].pos, hold);
           holds.emplace_back(j, std::move(hold));
           break;
         }
         case Decision::Kind::kRetry: {
           // Transport errors do not count towards dead-lettering.
-          uint32_t counted = answer.kind == SinkAnswer::Kind::kTransportError ? attempts - 1
-                                                                               : attempts;
+          uint32_t counted = answer.kind == SinkAnswer::Kind::kTransportError ? attempts[k] - 1
+                                                                               : attempts[k];
           handoff::v1::Hold hold =
               MakeHold(j, handoff::v1::HOLD_KIND_RETRYING, d, answer, counted);
           step->PutHold(config_.stage, slots_[j].pos, hold);
@@ -686,17 +690,7 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
         qnewly.push_back(j);
       }
       qdeltas.set_quarantined(qnewly.size());
-      bool all_terminal = holds.empty();
-      if (all_terminal) {
-        size_t k = 0;
-        for (size_t i = 0; i < n; ++i) {
-          while (k < qnewly.size() && qnewly[k] < i) ++k;
-          if (slots_[i].state != SlotState::kTerminal && !(k < qnewly.size() && qnewly[k] == i)) {
-            all_terminal = false;
-            break;
-          }
-        }
-      }
+      const bool all_terminal = holds.empty() && AllTerminalWith(qnewly);
       std::optional<Result> qr =
           CommitSlots(qstep.get(), qnewly, qdeltas, config_.fuse_barrier && all_terminal,
                       "before_quarantine_commit", "after_quarantine_commit");

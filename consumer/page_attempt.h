@@ -209,6 +209,8 @@ class PageAttempt {
   handoff::v1::Hold MakeHold(size_t i, handoff::v1::HoldKind kind, const Decision& d,
                              const SinkAnswer& answer, uint32_t attempts) const;
   std::optional<Position> AppliedAfter(const std::vector<size_t>& newly_terminal) const;
+  // Whether every slot is terminal or among `slots` (ascending slot indices).
+  bool AllTerminalWith(const std::vector<size_t>& slots) const;
   handoff::v1::Finality FinalityOf(const handoff::v1::EventRow& row) const;
   size_t FirstNonTerminal() const;
   bool Cancelled() const { return config_.cancelled != nullptr && config_.cancelled->load(); }

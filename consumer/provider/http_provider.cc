@@ -395,9 +395,9 @@ void HttpProvider::RunPrefetchChain(std::string cursor, PageSlot slot) {
     auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(prefetch_mu_) {
       return chain_stop_ || prefetched_.size() < kPrefetchDepth;
     };
-    if (more) prefetch_mu_.AwaitWithTimeout(absl::Condition(&room), kMaxPrefetchAge);
     std::optional<PageSlot> next_slot;
-    if (more && !chain_stop_ && prefetched_.size() < kPrefetchDepth) {
+    if (more && prefetch_mu_.AwaitWithTimeout(absl::Condition(&room), kMaxPrefetchAge) &&
+        !chain_stop_) {
       next_slot = budget_->TryAcquire();
     }
     if (!next_slot.has_value()) {

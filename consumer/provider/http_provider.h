@@ -164,8 +164,10 @@ class HttpProvider : public Provider {
                        const std::atomic<bool>* stop, PageSlot slot);
   // Interrupts the polled request in flight, if any, and the stream's transfer.
   void WakeTransfers() ABSL_LOCKS_EXCLUDED(poll_mu_);
-  // The prefetched result for `cursor`, if any and still usable; always ends (joins) a
-  // prefetch in flight. Called on the Fetch thread only.
+  // The chain's page for `cursor`, if it is the chain's next and still usable (waited
+  // for while in flight); otherwise nullopt, and the chain is stopped and its pages
+  // dropped. Either way the Fetch thread may poll itself when it returns nullopt. Called
+  // on the Fetch thread only.
   std::optional<FetchResult> TakePrefetch(const std::string& cursor);
   // Starts the prefetch chain at `cursor` (its first page under `slot`).
   // REQUIRES: no chain running (!prefetch_.busy()).

@@ -305,12 +305,35 @@ absl::Status Store::StartRowEpoch() {
   uint64_t highest = 0;
   if (it->Valid()) highest = keys::RowKeyEpoch(View(it->key()));
   RETURN_IF_ERROR(FromRocks(it->status(), "find the last row epoch"));
-  if (highest >= keys::kMaxRowEpoch) {
+  const uint64_t memtable_epoch = (highest >> kCommitOrderBits) + 1;
+  if (memtable_epoch > (keys::kMaxRowEpoch >> kCommitOrderBits)) {
     return absl::FailedPreconditionError("store: every row epoch is used up");
   }
   absl::MutexLock lock(&epoch_mu_);
-  row_epoch_ = highest + 1;
+  row_epoch_ = memtable_epoch;
   return absl::OkStatus();
+}
+
+uint64_t Store::CommitEpochLocked(absl::string_view id) {
+  const uint64_t base = row_epoch_ << kCommitOrderBits;
+  absl::MutexLock lock(&order_mu_);
+  if (ordered_epoch_ != row_epoch_) {  // the first commit of this memtable epoch
+    ordered_epoch_ = row_epoch_;
+    last_order_ = 0;
+    last_ordered_source_.clear();
+    orders_.clear();
+  }
+  // Nobody wrote after this source's last commit: its rows still append.
+  if (last_order_ != 0 && last_ordered_source_ == id) return base | last_order_;
+  SourceOrders& mine = orders_[id];
+  if (mine.taken >= kCommitOrdersPerSource || last_order_ == kMaxCommitOrder) {
+    return base | (mine.taken > 0 ? mine.last : kMaxCommitOrder);
+  }
+  ++last_order_;
+  last_ordered_source_ = std::string(id);
+  ++mine.taken;
+  mine.last = last_order_;
+  return base | last_order_;
 }
 
 uint64_t Store::row_epoch() const {
@@ -468,7 +491,7 @@ void Store::AfterRowWrite(size_t bytes) {
   fo.allow_write_stall = true;
   // A failed switch only costs the next flush's alignment (the epochs stay correct).
   db_->Flush(fo, cfs_.rows).PermitUncheckedError();
-  if (row_epoch_ < keys::kMaxRowEpoch) ++row_epoch_;
+  if (row_epoch_ < (keys::kMaxRowEpoch >> kCommitOrderBits)) ++row_epoch_;
   epoch_bytes_.store(0);
 }
 
@@ -855,7 +878,7 @@ absl::StatusOr<CheckpointRecord> Store::CommitStep(Stage stage, StepBatch* step,
       tail = *std::move(loaded);
       // The epoch stays current until this write is done (AfterRowWrite).
       absl::ReaderMutexLock epoch_lock(&epoch_mu_);
-      s = ResolveRowsLocked(step, row_epoch_, &tail);
+      s = ResolveRowsLocked(step, CommitEpochLocked(id), &tail);
       if (s.ok()) s = write();
     }
   } else {

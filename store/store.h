@@ -27,6 +27,16 @@
 // one epoch range above everything already on disk, and RocksDB moves it down the levels
 // without merging it (with keys led by the source, every flush of many sources' rows
 // overlapped every older file and was merged again: bench/HISTORY.md items 68 and 85).
+// Within one memtable, the commits of several sources would still insert between each
+// other's keys, and an insert in the middle of RocksDB's skip list costs about twice the
+// key comparisons of an append (bench/HISTORY.md item 94). So a row key's epoch is the
+// memtable epoch in its high bits and, in its low kCommitOrderBits, the order of the
+// commit within it (CommitEpochLocked): each commit's rows then sort after every row
+// written before them. A source whose commits follow each other keeps its number (a
+// lone source has one segment per memtable epoch); a source interleaved with others
+// takes a new one per commit, at most kCommitOrdersPerSource per memtable epoch, then
+// keeps its last (its later rows insert between others' again). So a source has at most
+// kCommitOrdersPerSource segments per memtable epoch it wrote in.
 // Where a source's rows are: row_segments maps a position to the epoch that holds the
 // rows at and above it (up to the next segment). Rules that keep it exact:
 //  * A commit that puts a row at a position whose segment is of an older epoch starts a
@@ -129,6 +139,13 @@ inline constexpr size_t kSmallWriteBufferBytes = 4 << 20;
 // it on its own (the memtable holds more than the batches' bytes), so that an epoch is
 // never split between two memtables.
 inline constexpr double kRowEpochFraction = 0.625;
+// A row key's epoch: the memtable epoch << kCommitOrderBits | the commit's order in it
+// ("Row epochs"). Orders start at 1; past kMaxCommitOrder a memtable epoch's later
+// commits share the last order.
+inline constexpr int kCommitOrderBits = 24;
+inline constexpr uint64_t kMaxCommitOrder = (uint64_t{1} << kCommitOrderBits) - 1;
+// The commit orders one source takes in one memtable epoch (so its segments there).
+inline constexpr int kCommitOrdersPerSource = 16;
 
 // The most memory the database holds for `options`: every family's memtables at their
 // stop limit (each up to its write buffer, an arena block of an eighth more and the
@@ -356,7 +373,7 @@ class Store {
   // Flushes memtables (tests, shutdown).
   absl::Status Flush();
 
-  // The epoch new rows are written in ("Row epochs"); tests.
+  // The memtable epoch new rows are written in ("Row epochs"); tests.
   uint64_t row_epoch() const ABSL_LOCKS_EXCLUDED(epoch_mu_);
 
   // What the database holds in memory now; never above StoreMemoryCeiling(options).
@@ -456,13 +473,17 @@ class Store {
   // is updated as the commit will leave it. REQUIRES: SourceLock(id), epoch_mu_ shared.
   absl::Status ResolveRowsLocked(StepBatch* step, uint64_t epoch,
                                  std::optional<RowSegment>* tail);
+  // The epoch a commit of `id` keys its rows in: the current memtable epoch and the
+  // commit's order in it ("Row epochs"). REQUIRES: SourceLock(id), epoch_mu_ shared.
+  uint64_t CommitEpochLocked(absl::string_view id) ABSL_SHARED_LOCKS_REQUIRED(epoch_mu_)
+      ABSL_LOCKS_EXCLUDED(order_mu_);
   // After a write of `bytes` with rows: switches the rows memtable and starts the next
   // epoch once kRowEpochFraction of the write buffer was written in this one.
   void AfterRowWrite(size_t bytes) ABSL_LOCKS_EXCLUDED(epoch_mu_);
   // Adds to `batch` the deletion of every row (every epoch) and segment of `id`.
   // REQUIRES: SourceLock(id) held.
   absl::Status DeleteRowsOf(absl::string_view id, rocksdb::WriteBatch* batch) const;
-  // At open: the current epoch is one above the highest a stored row is keyed in.
+  // At open: the memtable epoch is one above the highest a stored row is keyed in.
   absl::Status StartRowEpoch() ABSL_LOCKS_EXCLUDED(epoch_mu_);
   // Schema 3 -> 4: an epoch-0 segment for every source with rows.
   absl::Status AddEpochZeroSegments(rocksdb::WriteBatch* batch) const;
@@ -493,8 +514,18 @@ class Store {
   // Commits with rows hold it shared from resolving their epochs to the end of their
   // write; a switch of epoch holds it exclusively (AfterRowWrite).
   mutable absl::Mutex epoch_mu_ ABSL_ACQUIRED_BEFORE(wal_mu_);
-  uint64_t row_epoch_ ABSL_GUARDED_BY(epoch_mu_) = 1;
+  uint64_t row_epoch_ ABSL_GUARDED_BY(epoch_mu_) = 1;  // the memtable epoch
   std::atomic<uint64_t> epoch_bytes_{0};  // written in the current epoch (approximate)
+  // Commit orders handed out in the memtable epoch `ordered_epoch_` (CommitEpochLocked).
+  struct SourceOrders {
+    int taken = 0;
+    uint64_t last = 0;
+  };
+  absl::Mutex order_mu_ ABSL_ACQUIRED_AFTER(epoch_mu_);
+  uint64_t ordered_epoch_ ABSL_GUARDED_BY(order_mu_) = 0;
+  uint64_t last_order_ ABSL_GUARDED_BY(order_mu_) = 0;
+  std::string last_ordered_source_ ABSL_GUARDED_BY(order_mu_);  // the one that took it
+  absl::flat_hash_map<std::string, SourceOrders> orders_ ABSL_GUARDED_BY(order_mu_);
   mutable absl::Mutex tails_mu_;
   absl::flat_hash_map<std::string, std::optional<RowSegment>> row_tails_ ABSL_GUARDED_BY(tails_mu_);
 

@@ -1018,6 +1018,68 @@ TEST_F(StoreTest, RowsOfManySourcesReadBackAcrossEpochs) {
   EXPECT_GT(RawRowEpochs(path_, "a").size(), 3u);
 }
 
+// The rows family's rows in key order, as (source, tag) pairs, read from the raw database.
+std::vector<std::pair<std::string, std::string>> RawRowsInKeyOrder(const std::string& path) {
+  std::vector<std::pair<std::string, std::string>> out;
+  WithRawDb(path, [&](rocksdb::DB* db, const std::vector<std::string>& names,
+                      const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (names[i] != "rows") continue;
+      std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), handles[i]));
+      for (it->SeekToFirst(); it->Valid(); it->Next()) {
+        const std::string key = it->key().ToString();
+        const size_t id_at = keys::RowKeyEpoch(key) == 0 ? 0 : 8;
+        const std::string value = it->value().ToString();
+        out.emplace_back(key.substr(id_at, key.find('\0', id_at) - id_at),
+                         value.substr(0, value.find(':')));
+      }
+    }
+  });
+  return out;
+}
+
+// Within one memtable epoch, interleaved sources' commits key their rows in commit order
+// (each insert lands at the end of the memtable); a source committing alone keeps one
+// epoch; an interleaved source takes at most kCommitOrdersPerSource epochs, and all of
+// its rows read back wherever they are keyed.
+TEST_F(StoreTest, InterleavedCommitsKeyTheirRowsInCommitOrder) {
+  Open(/*sync=*/false);
+  const uint64_t memtable_epoch = store_->row_epoch();
+  std::vector<std::pair<std::string, std::string>> committed;
+  auto commit = [&](const std::string& id, uint64_t block, const std::string& tag) {
+    for (Position p : CommitRows(store_.get(), id, Position{block, 0}, 10, tag)) {
+      (void)p;
+      committed.emplace_back(id, tag);
+    }
+  };
+  commit("b", 1, "b1");
+  commit("a", 1, "a1");
+  commit("b", 2, "b2");
+  commit("a", 2, "a2");
+  commit("a", 3, "a3");  // follows its own commit: the same epoch as a2
+  commit("a", 4, "a4");
+  commit("b", 3, "b3");
+  store_.reset();
+  EXPECT_EQ(RawRowsInKeyOrder(path_), committed);
+  EXPECT_EQ(RawRowEpochs(path_, "a").size(), 2u);
+  EXPECT_EQ(RawRowEpochs(path_, "b").size(), 3u);
+
+  // Past kCommitOrdersPerSource interleaved commits, a source keeps its last epoch.
+  Open(/*sync=*/false);
+  EXPECT_GT(store_->row_epoch(), memtable_epoch);  // above every epoch keyed so far
+  const uint64_t reopened_epoch = store_->row_epoch();
+  std::map<Position, std::string> want_a = RowTags(store_.get(), "a");
+  for (int round = 0; round < 2 * kCommitOrdersPerSource; ++round) {
+    const uint64_t block = 10 + round;
+    for (Position p : CommitRows(store_.get(), "a", Position{block, 0}, 10, "x")) want_a[p] = "x";
+    CommitRows(store_.get(), "b", Position{block, 0}, 10, "y");
+  }
+  ASSERT_EQ(store_->row_epoch(), reopened_epoch);  // one memtable epoch throughout
+  EXPECT_EQ(RowTags(store_.get(), "a"), want_a);
+  store_.reset();
+  EXPECT_EQ(RawRowEpochs(path_, "a").size(), 2u + kCommitOrdersPerSource);
+}
+
 // A correction below rows of an older epoch overwrites and deletes them where they are;
 // a row put below the source's first row (a hold resolved late) is found too.
 TEST_F(StoreTest, CorrectionsAndLateRowsBelowOlderEpochs) {

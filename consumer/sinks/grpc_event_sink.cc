@@ -93,9 +93,21 @@ std::unique_ptr<BatchCall> BatchCallPool::Take() {
   return call != nullptr ? std::move(call) : std::make_unique<BatchCall>();
 }
 
+ApplyRequest* BatchCall::AddEvent() {
+  ApplyRequest* event = request.add_events();
+  if (!spare_events.empty()) {
+    event->set_allocated_event(spare_events.back().release());
+    spare_events.pop_back();
+  }
+  return event;
+}
+
 void BatchCallPool::Give(std::unique_ptr<BatchCall> call) {
   if (call == nullptr) return;
-  call->request.Clear();  // keeps the events' messages and their strings' memory
+  for (ApplyRequest& event : *call->request.mutable_events()) {
+    if (event.has_event()) call->spare_events.emplace_back(event.release_event());
+  }
+  call->request.Clear();  // keeps the (now event-less) requests and their strings' memory
   call->response.Clear();
   held_.Give(std::move(call));
 }
@@ -166,7 +178,7 @@ std::vector<SinkAnswer> GrpcEventSink::Deliver(absl::string_view source_id,
     if (!per_event_.load()) {
       const size_t end = std::min(deliveries.size(), i + static_cast<size_t>(max_batch_));
       std::unique_ptr<BatchCall> call = BatchCallPool::Default().Take();
-      for (size_t j = i; j < end; ++j) Fill(source_id, deliveries[j], call->request.add_events());
+      for (size_t j = i; j < end; ++j) Fill(source_id, deliveries[j], call->AddEvent());
       std::vector<SinkAnswer> chunk;
       const BatchResult result = CallApplyBatch(call.get(), &chunk);
       BatchCallPool::Default().Give(std::move(call));
@@ -214,7 +226,7 @@ std::future<std::vector<SinkAnswer>> GrpcEventSink::Send(absl::string_view sourc
   auto flight = std::make_unique<InFlight>();
   std::future<std::vector<SinkAnswer>> answers = flight->answers.get_future();
   flight->call = BatchCallPool::Default().Take();
-  for (const Delivery& d : deliveries) Fill(source_id, d, flight->call->request.add_events());
+  for (const Delivery& d : deliveries) Fill(source_id, d, flight->call->AddEvent());
   flight->ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline_));
   if (!Register(&flight->ctx)) {
     BatchCallPool::Default().Give(std::move(flight->call));

@@ -65,12 +65,21 @@ struct GrpcEventSinkOptions {
 struct BatchCall {
   handoff::v1::ApplyBatchRequest request;
   handoff::v1::ApplyBatchResponse response;
+  // The last batch's events' messages, detached by BatchCallPool::Give: Clear() deletes an
+  // ApplyRequest's event (a proto3 message field has no presence to keep it by), so they
+  // wait here for the next batch's requests (AddEvent).
+  std::vector<std::unique_ptr<handoff::v1::EventRow>> spare_events;
+
+  // A new request of this batch, its event a kept message (and its strings' memory)
+  // when there is one.
+  handoff::v1::ApplyRequest* AddEvent();
 };
 
 // BatchCallPool: recycles ApplyBatch calls' messages. Filling a used request reuses its
 // events' messages and their strings' memory; a new one took ~10 heap blocks per event,
 // and allocating and freeing them was about a third of a FINALIZED delivery thread's
-// CPU (bench/HISTORY.md item 83).
+// CPU (bench/HISTORY.md item 83; the events' messages themselves since item 96, kept
+// aside by Give before the request is cleared).
 //
 // Invariants:
 //  - Calls handed out by Take() are empty (cleared when given back).

@@ -172,6 +172,33 @@ TEST(BatchCallPoolTest, HandsOutEmptyCallsAndKeepsABoundedFew) {
   EXPECT_EQ(pool.held(), 2u);
 }
 
+// A recycled call keeps each event's message and its strings' memory: the next batch
+// fills them in place instead of allocating ~10 heap blocks per event (bench/HISTORY.md
+// item 96: ApplyRequest::Clear deletes the event, a message field without presence).
+TEST(BatchCallPoolTest, ARecycledCallKeepsItsEventsMemory) {
+  BatchCallPool pool(/*max_calls=*/1);
+  std::unique_ptr<BatchCall> a = pool.Take();
+  handoff::v1::EventRow* row = a->AddEvent()->mutable_event();
+  row->set_data(std::string(4096, 'd'));
+  a->AddEvent()->mutable_event()->set_data("second");
+  pool.Give(std::move(a));
+  std::unique_ptr<BatchCall> b = pool.Take();
+  EXPECT_EQ(b->request.events_size(), 0);
+  handoff::v1::ApplyRequest* first = b->AddEvent();
+  handoff::v1::ApplyRequest* second = b->AddEvent();
+  // Both kept messages come back, one of them with the 4 KiB string's memory.
+  const size_t kept = std::max(first->mutable_event()->mutable_data()->capacity(),
+                               second->mutable_event()->mutable_data()->capacity());
+  EXPECT_GE(kept, 4096u);
+  EXPECT_TRUE(b->spare_events.empty());
+  // A filled request carries only what it was given.
+  handoff::v1::EventRow fresh;
+  fresh.set_block_number(7);
+  *first->mutable_event() = fresh;
+  EXPECT_EQ(first->event().SerializeAsString(), fresh.SerializeAsString());
+  EXPECT_EQ(b->AddEvent()->has_event(), false);  // no spare left: a plain new request
+}
+
 TEST(GrpcEventSinkTest, OutcomesMapToAnswerKinds) {
   FaultConfig faults;
   faults.mutable_reject()->add_blocks(100);

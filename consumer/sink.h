@@ -69,7 +69,8 @@ class ExternalSink {
                                           absl::Span<const Delivery> deliveries) = 0;
   // Sends `deliveries` as Deliver does but returns as soon as they no longer need their
   // rows (the caller may reuse them then); the answers come through the future, which
-  // the caller waits for before its next Send or Deliver. An empty answer means nothing
+  // the caller waits for before its next Send or Deliver, and before destroying the sink
+  // (Cancel() makes that wait short). An empty answer means nothing
   // was recorded for them: deliver them again. The default runs Deliver over copies of
   // the rows on a thread of its own.
   virtual std::future<std::vector<SinkAnswer>> Send(absl::string_view source_id,

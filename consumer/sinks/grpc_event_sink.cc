@@ -237,15 +237,21 @@ std::future<std::vector<SinkAnswer>> GrpcEventSink::Send(absl::string_view sourc
   InFlight* f = flight.release();
   stub_->async()->ApplyBatch(
       &f->ctx, &f->call->request, &f->call->response, [this, f](grpc::Status status) {
-        const std::unique_ptr<InFlight> done(f);
+        std::unique_ptr<InFlight> done(f);
         Unregister(&done->ctx);
         std::vector<SinkAnswer> out;
         if (BatchAnswers(status, *done->call, &out) == BatchResult::kUnimplemented) {
           per_event_.store(true);  // `out` stays empty: the events are sent again
         }
         BatchCallPool::Default().Give(std::move(done->call));
+        // The context holds a reference to the channel. It is released here, while this
+        // sink still holds its own: were the caller to destroy the sink first, this
+        // callback would drop the channel's last reference on the thread that runs the
+        // channel's callbacks, and gRPC would release its callback queue under itself.
+        std::promise<std::vector<SinkAnswer>> answers = std::move(done->answers);
+        done.reset();
         // Last: the waiting caller may destroy this sink once it has the answers.
-        done->answers.set_value(std::move(out));
+        answers.set_value(std::move(out));
       });
   return answers;
 }

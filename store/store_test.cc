@@ -962,21 +962,29 @@ std::map<Position, std::string> RowTags(Store* store, absl::string_view id) {
   return out;
 }
 
-// The epochs `id`'s rows are keyed in, read from the raw database.
-std::set<uint64_t> RawRowEpochs(const std::string& path, absl::string_view id) {
-  std::set<uint64_t> epochs;
+// Calls `fn(key, value)` for each row of the rows family in key order, read from the raw
+// database.
+void ForEachRawRow(const std::string& path,
+                   const std::function<void(const std::string&, const std::string&)>& fn) {
   WithRawDb(path, [&](rocksdb::DB* db, const std::vector<std::string>& names,
                       const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
     for (size_t i = 0; i < names.size(); ++i) {
       if (names[i] != "rows") continue;
       std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), handles[i]));
       for (it->SeekToFirst(); it->Valid(); it->Next()) {
-        const std::string key = it->key().ToString();
-        const uint64_t epoch = keys::RowKeyEpoch(key);
-        const size_t id_at = epoch == 0 ? 0 : 8;
-        if (key.compare(id_at, id.size() + 1, std::string(id) + '\0') == 0) epochs.insert(epoch);
+        fn(it->key().ToString(), it->value().ToString());
       }
     }
+  });
+}
+
+// The epochs `id`'s rows are keyed in, read from the raw database.
+std::set<uint64_t> RawRowEpochs(const std::string& path, absl::string_view id) {
+  std::set<uint64_t> epochs;
+  ForEachRawRow(path, [&](const std::string& key, const std::string&) {
+    const uint64_t epoch = keys::RowKeyEpoch(key);
+    const size_t id_at = epoch == 0 ? 0 : 8;
+    if (key.compare(id_at, id.size() + 1, std::string(id) + '\0') == 0) epochs.insert(epoch);
   });
   return epochs;
 }
@@ -1021,19 +1029,10 @@ TEST_F(StoreTest, RowsOfManySourcesReadBackAcrossEpochs) {
 // The rows family's rows in key order, as (source, tag) pairs, read from the raw database.
 std::vector<std::pair<std::string, std::string>> RawRowsInKeyOrder(const std::string& path) {
   std::vector<std::pair<std::string, std::string>> out;
-  WithRawDb(path, [&](rocksdb::DB* db, const std::vector<std::string>& names,
-                      const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
-    for (size_t i = 0; i < names.size(); ++i) {
-      if (names[i] != "rows") continue;
-      std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), handles[i]));
-      for (it->SeekToFirst(); it->Valid(); it->Next()) {
-        const std::string key = it->key().ToString();
-        const size_t id_at = keys::RowKeyEpoch(key) == 0 ? 0 : 8;
-        const std::string value = it->value().ToString();
-        out.emplace_back(key.substr(id_at, key.find('\0', id_at) - id_at),
-                         value.substr(0, value.find(':')));
-      }
-    }
+  ForEachRawRow(path, [&](const std::string& key, const std::string& value) {
+    const size_t id_at = keys::RowKeyEpoch(key) == 0 ? 0 : 8;
+    out.emplace_back(key.substr(id_at, key.find('\0', id_at) - id_at),
+                     value.substr(0, value.find(':')));
   });
   return out;
 }

@@ -19,7 +19,10 @@
 // request is filled on the caller's thread and sent from there, and the answer is read
 // by gRPC's own threads; no thread is started or woken to send (the delivery stage's
 // lookahead, bench/HISTORY.md item 89). Its UNIMPLEMENTED answers nothing (the events
-// are sent again, one by one).
+// are sent again, one by one). The callback releases the call's context, and with it
+// the context's reference to the channel, before it answers: the caller may destroy
+// this sink as soon as it has the answers, and gRPC's callback thread must never hold
+// the channel's last reference.
 //
 // Thread-compatible for Deliver (one worker at a time); Cancel() and max_batch() may be
 // called from any thread. Cancel() is final: in-flight RPCs are cancelled and every later

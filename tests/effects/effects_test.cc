@@ -205,12 +205,20 @@ std::vector<handoff::v1::EventRow> TwoEventsPerBlock(uint64_t from, uint64_t to,
 
 // A chain 100..111 (two events a block); block 106..109 are reorged to fork "b" before
 // they finalize. Finality then advances to 111.
-void LoadReorgingChain(FakeProvider& p) {
-  p.SetPage("100", WithMarks(MakePage(100, 103, TwoEventsPerBlock(100, 103, "a"), "c1"), 101, 102));
-  p.SetPage("c1", WithMarks(MakePage(104, 109, TwoEventsPerBlock(104, 109, "a"), "c2"), 103, 105));
+//
+// With `finalized_at_once`, the first three pages finalize nothing (99) and only the last
+// one finalizes, so the FINALIZED delivery stage finds all 24 final events at once
+// whenever it first runs: its runs are then the same in every run of a test, instead of
+// depending on how far ingest got before delivery started.
+void LoadReorgingChain(FakeProvider& p, bool finalized_at_once = false) {
+  auto finalized = [&](uint64_t block) -> uint64_t { return finalized_at_once ? 99 : block; };
+  p.SetPage("100", WithMarks(MakePage(100, 103, TwoEventsPerBlock(100, 103, "a"), "c1"),
+                             finalized(101), 102));
+  p.SetPage("c1", WithMarks(MakePage(104, 109, TwoEventsPerBlock(104, 109, "a"), "c2"),
+                            finalized(103), 105));
   p.SetPage("c2",
             WithMarks(MakePage(106, 109, TwoEventsPerBlock(106, 109, "b"), "c3", /*reorg=*/true),
-                      105, 107));
+                      finalized(105), 107));
   p.SetPage("c3", WithMarks(MakePage(110, 111, TwoEventsPerBlock(110, 111, "b"), "c4"), 111, 111));
 }
 
@@ -371,7 +379,11 @@ TEST(Effects, AHoldResolvedMidRunStillDeliversAndRecordsEveryEvent) {
 // batch stays, its neighbours on both sides go, and once it is delivered nothing is left.
 TEST(Effects, AHoldInTheMiddleOfABatchKeepsOnlyItsOutboxEntry) {
   Rig rig(consumer::testing::TestDir("hold-mid-batch"));
-  LoadReorgingChain(rig.provider("mid"));
+  // Finalized at once: with the chain's marks finalizing page by page, a delivery stage
+  // that ran before ingest reached c3 cut its runs at the marks ([104:0, 104:1, 105:0],
+  // then [105:1]), and 105:1 was not in the refused call (2 runs in 100 on two busy cores;
+  // 0 in 200 since).
+  LoadReorgingChain(rig.provider("mid"), /*finalized_at_once=*/true);
   handoff::sim::v1::FaultConfig faults;
   // The run of 3 entries [104:1, 105:0, 105:1] goes in one ApplyBatch call.
   faults.mutable_reject()->add_idempotency_keys(KeyOf("mid", 105, 0, "a"));

@@ -1,7 +1,8 @@
 // Per-event CPU costs of the ingest path, in isolation (Google Benchmark):
 //   bazel run -c opt //bench:micro_bench
 // Key encoding (store/keys.h) and row encoding (store/row_codec.h) run once per applied event;
-// page parsing has its own benchmark (//consumer/provider:page_parser_bench).
+// page parsing has its own benchmark (//consumer/provider:page_parser_bench). RocksDB's
+// CRC32C runs over every byte of the WAL (third_party/rocksdb_crc32c).
 #include <benchmark/benchmark.h>
 
 #include <string>
@@ -11,6 +12,7 @@
 #include "sim/synthetic_chain.h"
 #include "store/keys.h"
 #include "store/row_codec.h"
+#include "third_party/rocksdb_crc32c/rocksdb_crc32c.h"
 
 namespace {
 
@@ -73,6 +75,21 @@ void BM_DecodeRow(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_DecodeRow);
+
+// A WAL record's checksum: RocksDB's portable loop against the crc32 instruction, over
+// a write group's size of record (Arg: bytes).
+template <uint32_t (*kExtend)(uint32_t, const char*, size_t)>
+void BM_WalCrc32c(benchmark::State& state) {
+  const std::string record(static_cast<size_t>(state.range(0)), 'x');
+  uint32_t crc = 0;
+  for (auto _ : state) {
+    crc = kExtend(crc, record.data(), record.size());
+    benchmark::DoNotOptimize(crc);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(0));
+}
+BENCHMARK_TEMPLATE(BM_WalCrc32c, handoff::rocksdb_crc32c::PortableExtend)->Arg(400 << 10);
+BENCHMARK_TEMPLATE(BM_WalCrc32c, handoff::rocksdb_crc32c::Extend)->Arg(400 << 10);
 
 }  // namespace
 

@@ -76,6 +76,24 @@ void BM_DecodeRow(benchmark::State& state) {
 }
 BENCHMARK(BM_DecodeRow);
 
+// The simulator rendering a page of 1000 logs (what it spends per page besides the
+// socket): it shares the benchmark's cores with the engine it feeds.
+void BM_SimulatorPageOf1000Logs(benchmark::State& state) {
+  handoff::sim::ChainOptions o;
+  o.initial_head = 100000;
+  o.logs_per_block = 10;
+  handoff::sim::SyntheticChain chain(o);
+  uint64_t block = 0, bytes = 0;
+  for (auto _ : state) {
+    handoff::sim::PageContent page = chain.BuildPage({block, 0}, 1000);
+    bytes += page.items_json.size();
+    benchmark::DoNotOptimize(page);
+    block = (block + 100) % 90000;
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(bytes));
+}
+BENCHMARK(BM_SimulatorPageOf1000Logs);
+
 // A WAL record's checksum: RocksDB's portable loop against the crc32 instruction, over
 // a write group's size of record (Arg: bytes).
 template <uint32_t (*kExtend)(uint32_t, const char*, size_t)>

@@ -9,27 +9,54 @@ constexpr char kDigits[] = "0123456789abcdef";
 constexpr size_t kPoolSize = 1 << 16;
 constexpr size_t kDataBytes[] = {64, 128, 128, 192};
 
-void AppendHexU64Fixed(uint64_t v, std::string* out) {
-  char buf[16];
-  for (int i = 15; i >= 0; --i) {
-    buf[i] = kDigits[v & 0xf];
-    v >>= 4;
-  }
-  out->append(buf, 16);
-}
+// A log's JSON is at most this long: 163 bytes of fixed text, 748 of address, topics,
+// the largest data (384 digits) and two hashes, and three quantities of at most 18.
+constexpr size_t kMaxLogJsonBytes = 1024;
 
-// JSON-RPC quantity: "0x" + minimal hex digits.
-void AppendQuantity(uint64_t v, std::string* out) {
-  char buf[18];
-  int n = 0;
-  do {
-    buf[17 - n] = kDigits[v & 0xf];
-    v >>= 4;
-    ++n;
-  } while (v != 0);
-  out->append("0x", 2);
-  out->append(buf + 18 - n, n);
-}
+// Writes into a buffer sized beforehand: literals and fixed-width slices compile to a
+// few moves, where a std::string append was a call and a capacity check per piece (22
+// per log; they were most of the simulator's CPU on the benchmark's shared cores).
+class Cursor {
+ public:
+  explicit Cursor(char* p) : p_(p) {}
+  template <size_t N>
+  void Literal(const char (&s)[N]) {
+    std::memcpy(p_, s, N - 1);
+    p_ += N - 1;
+  }
+  template <size_t N>
+  void Fixed(const char* s) {
+    std::memcpy(p_, s, N);
+    p_ += N;
+  }
+  void Bytes(const char* s, size_t n) {
+    std::memcpy(p_, s, n);
+    p_ += n;
+  }
+  void HexU64Fixed(uint64_t v) {
+    for (int i = 15; i >= 0; --i) {
+      p_[i] = kDigits[v & 0xf];
+      v >>= 4;
+    }
+    p_ += 16;
+  }
+  // JSON-RPC quantity: "0x" + minimal hex digits.
+  void Quantity(uint64_t v) {
+    char buf[16];
+    int n = 0;
+    do {
+      buf[15 - n] = kDigits[v & 0xf];
+      v >>= 4;
+      ++n;
+    } while (v != 0);
+    Literal("0x");
+    Bytes(buf + 16 - n, n);
+  }
+  char* position() const { return p_; }
+
+ private:
+  char* p_;
+};
 
 }  // namespace
 
@@ -72,10 +99,18 @@ LogRenderer::LogRenderer(uint64_t seed) : seed_(seed) {
 
 void LogRenderer::AppendHex64(uint64_t block, uint32_t version, uint64_t salt,
                               std::string* out) const {
+  char digits[64];
+  WriteHex64(block, version, salt, digits);
+  out->append(digits, 64);
+}
+
+void LogRenderer::WriteHex64(uint64_t block, uint32_t version, uint64_t salt,
+                             char* digits) const {
   // 16 digits of a bijection of (block, version) keep the hash unique; 48 from the pool.
   uint64_t key = (block << 20) ^ version;
-  AppendHexU64Fixed(Mix64(key ^ Mix64(seed_ + salt)), out);
-  out->append(pool_, Mix64(key + salt * 0x9e37) % (kPoolSize - 48), 48);
+  Cursor c(digits);
+  c.HexU64Fixed(Mix64(key ^ Mix64(seed_ + salt)));
+  c.Fixed<48>(pool_.data() + Mix64(key + salt * 0x9e37) % (kPoolSize - 48));
 }
 
 std::string LogRenderer::BlockHash(uint64_t block, uint32_t version) const {
@@ -104,35 +139,48 @@ LogRenderer::Fields LogRenderer::Make(uint64_t block, uint32_t version,
 
 void LogRenderer::AppendLogJson(uint64_t block, uint32_t version, uint32_t log_index,
                                 std::string* out) const {
-  Fields f = Make(block, version, log_index);
-  out->append("{\"address\":\"");
-  out->append(*f.address);
-  out->append("\",\"topics\":[\"");
-  out->append(*f.topic0);
-  out->append("\",\"0x");
-  out->append(pool_, f.topic1, 64);
-  out->append("\",\"0x");
-  out->append(pool_, f.topic2, 64);
-  out->append("\"],\"data\":\"0x");
-  out->append(pool_, f.data_off, f.data_hex_len);
-  out->append("\",\"blockNumber\":\"");
-  AppendQuantity(block, out);
-  out->append("\",\"blockHash\":\"0x");
-  AppendHex64(block, version, 1, out);
-  out->append("\",\"transactionHash\":\"0x");
-  AppendHex64(block, version, 1000 + log_index / 2, out);
-  out->append("\",\"transactionIndex\":\"");
-  AppendQuantity(log_index / 2, out);
-  out->append("\",\"logIndex\":\"");
-  AppendQuantity(log_index, out);
-  out->append("\",\"removed\":false}");
+  char block_hash[64];
+  WriteHex64(block, version, 1, block_hash);
+  AppendLogJson(Make(block, version, log_index), block_hash, out);
+}
+
+void LogRenderer::AppendLogJson(const Fields& f, const char* block_hash,
+                                std::string* out) const {
+  char buf[kMaxLogJsonBytes];
+  Cursor c(buf);
+  c.Literal("{\"address\":\"");
+  c.Fixed<42>(f.address->data());
+  c.Literal("\",\"topics\":[\"");
+  c.Fixed<66>(f.topic0->data());
+  c.Literal("\",\"0x");
+  c.Fixed<64>(pool_.data() + f.topic1);
+  c.Literal("\",\"0x");
+  c.Fixed<64>(pool_.data() + f.topic2);
+  c.Literal("\"],\"data\":\"0x");
+  c.Bytes(pool_.data() + f.data_off, f.data_hex_len);
+  c.Literal("\",\"blockNumber\":\"");
+  c.Quantity(f.block);
+  c.Literal("\",\"blockHash\":\"0x");
+  c.Fixed<64>(block_hash);
+  c.Literal("\",\"transactionHash\":\"0x");
+  char tx_hash[64];
+  WriteHex64(f.block, f.version, 1000 + f.log_index / 2, tx_hash);
+  c.Fixed<64>(tx_hash);
+  c.Literal("\",\"transactionIndex\":\"");
+  c.Quantity(f.log_index / 2);
+  c.Literal("\",\"logIndex\":\"");
+  c.Quantity(f.log_index);
+  c.Literal("\",\"removed\":false}");
+  out->append(buf, static_cast<size_t>(c.position() - buf));
 }
 
 void LogRenderer::AppendBlockLogsJson(uint64_t block, uint32_t version, uint32_t count,
                                       bool comma, std::string* out) const {
+  char block_hash[64];  // the same in every log of the block
+  WriteHex64(block, version, 1, block_hash);
   for (uint32_t i = 0; i < count; ++i) {
     if (comma || i > 0) out->push_back(',');
-    AppendLogJson(block, version, i, out);
+    AppendLogJson(Make(block, version, i), block_hash, out);
   }
 }
 

@@ -42,7 +42,11 @@ class LogRenderer {
  private:
   struct Fields;
   Fields Make(uint64_t block, uint32_t version, uint32_t log_index) const;
+  // `block_hash`: the 64 digits of BlockHash(f.block, f.version) without "0x".
+  void AppendLogJson(const Fields& f, const char* block_hash, std::string* out) const;
   void AppendHex64(uint64_t block, uint32_t version, uint64_t salt, std::string* out) const;
+  // The 64 hex digits of AppendHex64 into digits[0, 64).
+  void WriteHex64(uint64_t block, uint32_t version, uint64_t salt, char* digits) const;
 
   const uint64_t seed_;
   std::string pool_;  // random hex digits

@@ -338,26 +338,36 @@ std::optional<std::string> ProviderSim::ControlFault() {
   return absl::StrCat("event: error\n", retry, "data: ", data, "\n\n");
 }
 
-std::string ProviderSim::RenderPage(const PageContent& page, const std::string& next,
-                                    absl::string_view before, absl::string_view after) const {
+ProviderSim::PageText ProviderSim::RenderPage(PageContent& page, const std::string& next,
+                                              absl::string_view before,
+                                              absl::string_view after) const {
   const bool q = options_.decimal_strings;
   auto num = [q](uint64_t n) { return q ? absl::StrCat("\"", n, "\"") : absl::StrCat(n); };
   auto mark = [&](const std::optional<uint64_t>& n, const std::string& hash) {
     return n ? absl::StrCat("{\"number\":", num(*n), ",\"hash\":\"", hash, "\"}")
              : std::string("null");
   };
-  std::string out;
-  out.reserve(before.size() + page.items_json.size() + 512 + after.size());
-  absl::StrAppend(&out, before, "{\"from\":", num(page.from), ",\"through\":",
+  PageText text;
+  absl::StrAppend(&text.head, before, "{\"from\":", num(page.from), ",\"through\":",
                   mark(page.through, page.through_hash), ",\"next\":", JsonString(next),
                   ",\"reorg\":", page.reorg ? "true" : "false", ",\"safe\":",
                   mark(page.view.safe, page.safe_hash), ",\"finalized\":",
                   mark(page.view.finalized, page.finalized_hash), ",\"tip\":",
                   num(page.view.head), ",\"items\":[");
-  out.append(page.items_json);
-  out.append("]}");
-  out.append(after.data(), after.size());
-  return out;
+  text.items = std::move(page.items_json);
+  absl::StrAppend(&text.tail, "]}", after);
+  return text;
+}
+
+bool ProviderSim::PageText::Write(size_t offset, size_t end, httplib::DataSink& sink) const {
+  size_t part_start = 0;
+  for (const std::string* part : {&head, &items, &tail}) {
+    const size_t part_end = part_start + part->size();
+    const size_t from = std::max(offset, part_start), to = std::min(end, part_end);
+    if (from < to && !sink.write(part->data() + (from - part_start), to - from)) return false;
+    part_start = part_end;
+  }
+  return true;
 }
 
 void ProviderSim::HandlePages(const httplib::Request& req, httplib::Response& res) {
@@ -386,7 +396,7 @@ void ProviderSim::HandlePages(const httplib::Request& req, httplib::Response& re
     // Nothing new: the request cursor comes back unchanged (but "latest" resolves).
     next = (!page.through && !page.reorg && !p.latest) ? p.from : codec_.Encode(p.binding, page.next);
   }
-  auto body = std::make_shared<std::string>(RenderPage(page, next));
+  auto body = std::make_shared<PageText>(RenderPage(page, next));
   const bool truncate = Fire(Fault::kTruncatedBody);
   const bool drop = !truncate && Fire(Fault::kDropConnection);
   res.status = 200;
@@ -395,10 +405,10 @@ void ProviderSim::HandlePages(const httplib::Request& req, httplib::Response& re
       [body, truncate, drop](size_t offset, size_t length, httplib::DataSink& sink) {
         if (drop) return false;
         if (truncate) {
-          sink.write(body->data(), body->size() / 2);
+          body->Write(0, body->size() / 2, sink);
           return false;
         }
-        return sink.write(body->data() + offset, length);
+        return body->Write(offset, offset + length, sink);
       });
   record.status = 200;
   Record(std::move(record));
@@ -483,15 +493,15 @@ bool ProviderSim::StreamStep(Stream& s, httplib::DataSink& sink) {
     }
     next = s.cursor;
   }
-  // Rendered in place: copying a ~1 MB page into its frame was ~30 % of the simulator's
-  // CPU samples (perf), on the cores the benchmark shares with it.
-  const std::string frame =
+  // Sent in parts: copying a ~1 MB page into its frame was ~30 % of the simulator's CPU
+  // samples (perf), on the cores the benchmark shares with it.
+  const PageText frame =
       RenderPage(page, next, absl::StrCat("id: ", next, "\ndata: "), "\n\n");
   if (Fire(Fault::kIncompleteSseFrame) || Fire(Fault::kTruncatedBody)) {
-    sink.write(frame.data(), frame.size() / 2);
+    frame.Write(0, frame.size() / 2, sink);
     return false;
   }
-  if (!sink.write(frame.data(), frame.size())) return false;
+  if (!frame.Write(0, frame.size(), sink)) return false;
   s.last_write = absl::Now();
   s.cursor = next;
   if (advances) s.position = page.next;

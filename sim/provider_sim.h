@@ -171,9 +171,20 @@ class ProviderSim {
   // The status fault due now, if any: (status, body, retry-after header).
   bool StatusFault(httplib::Response& res);
   std::optional<std::string> ControlFault();
-  // The page's JSON, between `before` and `after` (an SSE frame's lines around it).
-  std::string RenderPage(const PageContent& page, const std::string& next,
-                         absl::string_view before = "", absl::string_view after = "") const;
+  // A page's wire text in three parts: the items the chain rendered are sent as they
+  // are, not copied into one body (~1 MB a page of 1000).
+  struct PageText {
+    std::string head;   // `before`, then the page's fields up to "items":[
+    std::string items;  // PageContent::items_json
+    std::string tail;   // ]} and `after`
+    size_t size() const { return head.size() + items.size() + tail.size(); }
+    // Writes bytes [offset, end) of the text; false when the sink refuses.
+    bool Write(size_t offset, size_t end, httplib::DataSink& sink) const;
+  };
+  // The page's JSON, between `before` and `after` (an SSE frame's lines around it). Takes
+  // the page's items.
+  PageText RenderPage(PageContent& page, const std::string& next, absl::string_view before = "",
+                      absl::string_view after = "") const;
   void HandlePages(const httplib::Request& req, httplib::Response& res);
   void HandleStream(const httplib::Request& req, httplib::Response& res);
   bool StreamStep(Stream& stream, httplib::DataSink& sink);

@@ -78,6 +78,8 @@ namespace fs = std::filesystem;
 
 constexpr int kLogsPerBlock = 10;
 constexpr int kHelperNice = 10;
+// Scenario 1's provider farther away: each polled response held this long.
+constexpr int kFarProviderMs = 1;
 
 struct Sizes {
   int64_t e1000, e100, many_total, sink_single, sink_batch, rec_sources, rec_rows;
@@ -167,9 +169,11 @@ class Runner {
 
   // Runs `a` against a fresh simulator whose chain holds `events_per_source` events.
   json WithSim(ProbeArgs a, int64_t events_per_source, int threads,
-               absl::Duration keep_alive = sim::ProviderSimOptions().keep_alive_timeout) {
+               absl::Duration keep_alive = sim::ProviderSimOptions().keep_alive_timeout,
+               absl::Duration response_delay = absl::ZeroDuration()) {
     sim::ProviderSimOptions o;
     o.keep_alive_timeout = keep_alive;
+    o.response_delay = response_delay;
     o.chain.logs_per_block = kLogsPerBlock;
     o.chain.initial_head = events_per_source / kLogsPerBlock - 1;
     o.threads = threads;
@@ -316,6 +320,21 @@ int RunAll() {
     for (const char* t : {"poll", "sse"}) {
       res.raw[absl::StrCat("e2e_", t, "_p1000")] = e2e(t, 1000, 1, e1000);
       res.raw[absl::StrCat("e2e_", t, "_p100")] = e2e(t, 100, 1, e100);
+    }
+    // A provider farther away than loopback: every polled response is held 1 ms (a round
+    // trip within a region). Context, no goal: polling asks for a page only once the one
+    // before it arrived (its `next`), so each page waits for one round trip, which the
+    // two pages prefetched ahead overlap with the commits but cannot remove.
+    if (wanted(1)) {
+      ProbeArgs a;
+      a.probe = "e2e";
+      a.transport = "poll";
+      a.page = 1000;
+      a.events = e1000;
+      res.raw["far_poll_p1000"] = run.WithSim(a, e1000, 18,
+                                              sim::ProviderSimOptions().keep_alive_timeout,
+                                              absl::Milliseconds(kFarProviderMs));
+      res.raw["far_poll_p1000"]["provider_delay_ms"] = kFarProviderMs;
     }
     // Shared machines are noisy: the rows with a goal (poll and SSE, pages of 1000) and
     // their bare RocksDB limit run once more, interleaved, and each keeps its best run

@@ -213,6 +213,20 @@ std::vector<Row> BuildRows(const json& raw, const MemoryBound& bound) {
       rows.push_back(r);
     }
   }
+  if (raw.contains("far_poll_p1000")) {
+    const auto v = f.Get("far_poll_p1000", "events_per_s");
+    Row r;
+    r.scenario = "1 (context)";
+    r.what = absl::StrCat("poll, 1 source, pages of 1000, local rows, sync; provider farther "
+                          "away (each response held ",
+                          raw["far_poll_p1000"].value("provider_delay_ms", 0), " ms)");
+    r.measured = Eps(v);
+    r.limit = absl::StrCat("bare RocksDB ", Eps(bare));
+    r.ratio = Num(Div(v, bare));
+    r.goal = "-";
+    r.met = "-";
+    rows.push_back(r);
+  }
   const auto one = f.Get("many_1", "events_per_s");
   const auto bare_many = f.Get("bare_rocks_many", "events_per_s");
   std::vector<std::string> many;

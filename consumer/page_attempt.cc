@@ -146,7 +146,7 @@ PageAttempt::Result PageAttempt::Validate() {
       slot.state = SlotState::kTerminal;
       ++replayed_;
     } else if (entry->hold.has_value() && entry->hold->event().block_hash() == row.block_hash()) {
-      slot.hold = entry->hold;
+      slot.hold = std::make_unique<handoff::v1::Hold>(*entry->hold);
       slot.state = entry->hold->kind() == handoff::v1::HOLD_KIND_RETRYING ? SlotState::kRetrying
                                                                           : SlotState::kHeld;
     }
@@ -174,8 +174,8 @@ absl::Status PageAttempt::RefreshBlocked() {
       slot.hold.reset();
     } else if (entry != nullptr && entry->hold.has_value() &&
                entry->hold->event().block_hash() == hash) {
-      bool changed = !slot.hold.has_value() || slot.hold->version() != entry->hold->version();
-      slot.hold = entry->hold;
+      bool changed = slot.hold == nullptr || slot.hold->version() != entry->hold->version();
+      slot.hold = std::make_unique<handoff::v1::Hold>(*entry->hold);
       if (entry->hold->kind() == handoff::v1::HOLD_KIND_RETRYING) {
         slot.state = SlotState::kRetrying;
         if (changed) slot.retry_at = absl::InfinitePast();
@@ -302,7 +302,6 @@ absl::Status PageAttempt::StageTerminal(size_t i, Decision::Kind kind, const std
                                         store::StepBatch* step) {
   const handoff::v1::EventRow& row = page_.items[i];
   const Position pos = slots_[i].pos;
-  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
   if (config_.stage == store::Stage::kIngest) {
     absl::string_view bytes = page_.EncodedItem(i);  // made by the parser, if any
     if (!page_.has_encoded_items()) {
@@ -319,27 +318,29 @@ absl::Status PageAttempt::StageTerminal(size_t i, Decision::Kind kind, const std
   }
   // A delivered entry leaves the outbox in CommitSlots (StageOutboxRemovals).
   if (config_.stage == store::Stage::kDelivery || kind != Decision::Kind::kApplied) {
+    // (Read here, not per applied ingest row, which records no time.)
+    const int64_t now_ms = absl::ToUnixMillis(absl::Now());
     store::ReceiptRecord receipt;
     receipt.set_block_hash(row.block_hash());
     receipt.set_outcome(OutcomeOf(kind));
     receipt.set_unix_ms(now_ms);
     step->PutReceipt(config_.stage, pos, receipt);
+    if (kind != Decision::Kind::kApplied) {
+      handoff::v1::QuarantineRecord rec;
+      rec.set_source_id(config_.source_id);
+      rec.set_stage(PublicStage(config_.stage));
+      rec.mutable_event()->set_block_number(pos.block);
+      rec.mutable_event()->set_log_index(pos.log_index);
+      rec.mutable_event()->set_block_hash(row.block_hash());
+      rec.set_disposition(kind == Decision::Kind::kIgnored ? handoff::v1::DISPOSITION_IGNORED
+                                                            : handoff::v1::DISPOSITION_QUARANTINED);
+      rec.set_reason(reason);
+      rec.set_actor("policy");
+      rec.set_decided_unix_ms(now_ms);
+      step->PutQuarantine(config_.stage, pos, rec);
+    }
   }
-  if (kind != Decision::Kind::kApplied) {
-    handoff::v1::QuarantineRecord rec;
-    rec.set_source_id(config_.source_id);
-    rec.set_stage(PublicStage(config_.stage));
-    rec.mutable_event()->set_block_number(pos.block);
-    rec.mutable_event()->set_log_index(pos.log_index);
-    rec.mutable_event()->set_block_hash(row.block_hash());
-    rec.set_disposition(kind == Decision::Kind::kIgnored ? handoff::v1::DISPOSITION_IGNORED
-                                                          : handoff::v1::DISPOSITION_QUARANTINED);
-    rec.set_reason(reason);
-    rec.set_actor("policy");
-    rec.set_decided_unix_ms(now_ms);
-    step->PutQuarantine(config_.stage, pos, rec);
-  }
-  if (slots_[i].hold.has_value()) step->DeleteHold(config_.stage, pos);
+  if (slots_[i].hold != nullptr) step->DeleteHold(config_.stage, pos);
   return absl::OkStatus();
 }
 
@@ -348,7 +349,7 @@ handoff::v1::Hold PageAttempt::MakeHold(size_t i, handoff::v1::HoldKind kind, co
   const handoff::v1::EventRow& row = page_.items[i];
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
   handoff::v1::Hold hold;
-  const std::optional<handoff::v1::Hold>& old = slots_[i].hold;
+  const handoff::v1::Hold* old = slots_[i].hold.get();
   hold.set_source_id(config_.source_id);
   hold.set_stage(PublicStage(config_.stage));
   hold.mutable_event()->set_block_number(row.block_number());
@@ -357,12 +358,12 @@ handoff::v1::Hold PageAttempt::MakeHold(size_t i, handoff::v1::HoldKind kind, co
   hold.set_kind(kind);
   hold.set_reason(d.reason);
   hold.set_attempts(attempts);
-  hold.set_first_seen_unix_ms(old.has_value() ? old->first_seen_unix_ms() : now_ms);
+  hold.set_first_seen_unix_ms(old != nullptr ? old->first_seen_unix_ms() : now_ms);
   hold.set_last_seen_unix_ms(now_ms);
   hold.set_last_sink_answer(answer.message.empty()
                                 ? AnswerName(answer.kind)
                                 : absl::StrCat(AnswerName(answer.kind), ": ", answer.message));
-  hold.set_version(old.has_value() ? old->version() + 1 : 1);
+  hold.set_version(old != nullptr ? old->version() + 1 : 1);
   *hold.mutable_event_row() = row;
   return hold;
 }
@@ -594,7 +595,7 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
     bool all_clean = true;
     for (size_t k = 0; k < batch.size(); ++k) {
       const size_t j = batch[k];
-      attempts.push_back((slots_[j].hold.has_value() ? slots_[j].hold->attempts() : 0) + 1);
+      attempts.push_back((slots_[j].hold != nullptr ? slots_[j].hold->attempts() : 0) + 1);
       decisions.push_back(
           Classify(k < answers.size() ? answers[k] : SinkAnswer{}, attempts.back(), config_.policy));
       all_clean = all_clean && (decisions.back().kind == Decision::Kind::kApplied ||
@@ -666,7 +667,7 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
     if (!r.has_value() || r->kind == Kind::kPromoted || r->kind == Kind::kCrashed) {
       for (size_t h = 0; h < holds.size(); ++h) {
         const size_t j = holds[h].first;
-        slots_[j].hold = holds[h].second;
+        slots_[j].hold = std::make_unique<handoff::v1::Hold>(holds[h].second);
         if (holds[h].second.kind() == handoff::v1::HOLD_KIND_RETRYING) {
           slots_[j].state = SlotState::kRetrying;
           for (size_t k = 0; k < batch.size(); ++k) {

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <functional>
 #include <future>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -177,7 +178,8 @@ class PageAttempt {
   struct Slot {
     Position pos;
     SlotState state = SlotState::kPending;
-    std::optional<handoff::v1::Hold> hold;
+    // Out of line: few slots have one, and every attempt allocates a page of slots.
+    std::unique_ptr<handoff::v1::Hold> hold;
     absl::Time retry_at = absl::InfinitePast();
   };
 

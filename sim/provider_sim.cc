@@ -378,6 +378,7 @@ void ProviderSim::HandlePages(const httplib::Request& req, httplib::Response& re
     Record(std::move(record));
     return;
   }
+  if (options_.response_delay > absl::ZeroDuration()) absl::SleepFor(options_.response_delay);
   PageContent page;
   std::string next;
   if (Fire(Fault::kNonAdvancingCursor)) {

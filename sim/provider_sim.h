@@ -100,6 +100,9 @@ struct ProviderSimOptions {
   // under test. The stream's content is the same either way.
   bool sse_close_delimited = false;
   bool decimal_strings = false;  // page numbers as "123" instead of 123
+  // Polled pages: each response is held this long before it is rendered, standing in
+  // for a provider farther away than loopback (the round trip). Benchmarks only.
+  absl::Duration response_delay = absl::ZeroDuration();
   uint64_t fault_seed = 7;
   FaultSettings fault_settings;
 };

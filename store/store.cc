@@ -464,6 +464,8 @@ absl::Status Store::ResolveRowsLocked(StepBatch* step, uint64_t epoch,
       const std::string copy = rep.substr(put.value_offset, put.value_size);
       batch->Put(cfs_.rows, keys::RowKey(0, id, put.pos), copy);
       batch->Delete(cfs_.rows, keys::RowKey(epoch, id, put.pos));
+    } else if (into == epoch) {
+      std::memcpy(&rep[put.epoch_offset], epoch_bytes.data(), 8);  // the common case
     } else {
       rep.replace(put.epoch_offset, 8, keys::RowEpochPrefix(into));
     }

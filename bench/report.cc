@@ -36,6 +36,12 @@ class Figures {
     if (p.contains("error") || !p.contains(field) || !p[field].is_number()) return std::nullopt;
     return p[field].get<double>();
   }
+  // The probe's own CPU (user + system, all its threads) per million events.
+  std::optional<double> CpuPerMillion(const std::string& probe) const {
+    const auto cpu = Get(probe, "child_cpu_seconds"), events = Get(probe, "events");
+    if (!cpu || !events || *events <= 0) return std::nullopt;
+    return *cpu / *events * 1e6;
+  }
   std::string ErrorOf(const std::string& probe) const {
     if (!raw_.contains(probe)) return "not run";
     if (raw_[probe].contains("error")) return raw_[probe]["error"].get<std::string>();
@@ -53,6 +59,12 @@ std::string Eps(std::optional<double> v) {
 }
 std::string Num(std::optional<double> v, const char* fmt = "%.2f") {
   return v ? absl::StrFormat(fmt, *v) : "n/a";
+}
+// "372.2k ev/s (4.17 s CPU per 1M events)": the rate, and what it cost the probe's process.
+std::string EpsAndCpu(const Figures& f, const std::string& probe) {
+  const auto cpu = f.CpuPerMillion(probe);
+  return absl::StrCat(Eps(f.Get(probe, "events_per_s")),
+                      cpu ? absl::StrFormat(" (%.2f s CPU per 1M events)", *cpu) : "");
 }
 std::optional<double> Div(std::optional<double> a, std::optional<double> b) {
   if (!a || !b || *b == 0) return std::nullopt;
@@ -198,8 +210,8 @@ std::vector<Row> BuildRows(const json& raw, const MemoryBound& bound) {
       r.scenario = "1 end to end";
       r.what = absl::StrCat(t == std::string("poll") ? "poll" : "SSE", ", 1 source, pages of ",
                             page, ", local rows, sync");
-      r.measured = Eps(v);
-      r.limit = absl::StrCat("bare RocksDB ", Eps(bare), "; simulator alone ",
+      r.measured = EpsAndCpu(f, probe);
+      r.limit = absl::StrCat("bare RocksDB ", EpsAndCpu(f, "bare_rocks"), "; simulator alone ",
                              Eps(page == 1000 ? sim1000 : sim100));
       r.ratio = Num(ratio);
       if (page == 1000) {
@@ -220,8 +232,8 @@ std::vector<Row> BuildRows(const json& raw, const MemoryBound& bound) {
     r.what = absl::StrCat("poll, 1 source, pages of 1000, local rows, sync; provider farther "
                           "away (each response held ",
                           raw["far_poll_p1000"].value("provider_delay_ms", 0), " ms)");
-    r.measured = Eps(v);
-    r.limit = absl::StrCat("bare RocksDB ", Eps(bare));
+    r.measured = EpsAndCpu(f, "far_poll_p1000");
+    r.limit = absl::StrCat("bare RocksDB ", EpsAndCpu(f, "bare_rocks"));
     r.ratio = Num(Div(v, bare));
     r.goal = "-";
     r.met = "-";
@@ -246,9 +258,9 @@ std::vector<Row> BuildRows(const json& raw, const MemoryBound& bound) {
                           "half time min/max ", Num(f.Get(name, "fairness")), "; ",
                           Num(f.Get(name, "events_per_commit"), "%.0f"), " ev/commit; SYN "
                           "retransmissions ", Num(f.Get(name, "syn_retransmits"), "%.0f"), ")");
-    r.measured = Eps(v);
+    r.measured = EpsAndCpu(f, name);
     const bool largest = i + 1 == many.size() && many.size() > 1;
-    r.limit = absl::StrCat("1 source ", Eps(one), "; bare RocksDB ", Eps(bare));
+    r.limit = absl::StrCat("1 source ", EpsAndCpu(f, "many_1"), "; bare RocksDB ", Eps(bare));
     if (largest && bare_many) {
       // How much of the goal the storage itself meets: its many writers against its one.
       absl::StrAppend(&r.limit, " (1 writer), ", Eps(bare_many), " (",
@@ -478,7 +490,9 @@ absl::Status WriteReport(const Results& res, const std::string& out_dir) {
         "runs at nice 10 and each probe at nice 0: the helpers stand in for remote services "
         "and must not take the CPU of the process under test. The rows with a goal in "
         "scenario 1 (poll and SSE, pages of 1000) and bare RocksDB run twice, interleaved, "
-        "keeping each one's best (`runs` in report.json).\n"
+        "keeping each one's best (`runs` in report.json). \"s CPU per 1M events\" is the "
+        "probe process's user and system time over its run, per million events (the "
+        "simulator's excluded): steadier than events/s when the machine's neighbours vary.\n"
         "- End to end: a real `Store` (sync on, in a temp dir on disk) and `SourceManager` "
         "with handoffd's `HttpProvider`; events/s = events durably committed / time from "
         "StartSource to the last commit. Bare RocksDB: the same rows (simulator logs as "

@@ -292,14 +292,16 @@ int RunAll() {
   res.machine = ThisMachine();
 
   const int64_t e1000 = RoundToBlocks(z.e1000), e100 = RoundToBlocks(z.e100);
-  auto e2e = [&](const std::string& transport, int page, int sources, int64_t per_source) {
+  auto e2e = [&](const std::string& transport, int page, int sources, int64_t per_source,
+                 absl::Duration response_delay = absl::ZeroDuration()) {
     ProbeArgs a;
     a.probe = "e2e";
     a.transport = transport;
     a.page = page;
     a.sources = sources;
     a.events = per_source;
-    return run.WithSim(a, per_source, 2 * sources + 16);
+    return run.WithSim(a, per_source, 2 * sources + 16,
+                       sim::ProviderSimOptions().keep_alive_timeout, response_delay);
   };
 
   if (wanted(1) || wanted(2) || wanted(5)) {
@@ -326,14 +328,7 @@ int RunAll() {
     // before it arrived (its `next`), so each page waits for one round trip, which the
     // two pages prefetched ahead overlap with the commits but cannot remove.
     if (wanted(1)) {
-      ProbeArgs a;
-      a.probe = "e2e";
-      a.transport = "poll";
-      a.page = 1000;
-      a.events = e1000;
-      res.raw["far_poll_p1000"] = run.WithSim(a, e1000, 18,
-                                              sim::ProviderSimOptions().keep_alive_timeout,
-                                              absl::Milliseconds(kFarProviderMs));
+      res.raw["far_poll_p1000"] = e2e("poll", 1000, 1, e1000, absl::Milliseconds(kFarProviderMs));
       res.raw["far_poll_p1000"]["provider_delay_ms"] = kFarProviderMs;
     }
     // Shared machines are noisy: the rows with a goal (poll and SSE, pages of 1000) and

@@ -7,6 +7,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "consumer/provider/page_parser.h"
 #include "consumer/provider/sse_parser.h"
 #include "gtest/gtest.h"
@@ -64,6 +66,38 @@ TEST_F(ProviderSimTest, ServesPagesCursorsAndNoOpPages) {
   EXPECT_EQ(client_->Get("/v1/pages?chain=sim&source=s&filter=f")->status, 400);
   EXPECT_EQ(client_->Get("/v1/pages?chain=x&source=s&filter=f&from=0")->status, 400);
   EXPECT_EQ(client_->Get("/v1/pages?chain=sim&source=s&filter=f&from=0&limit=0")->status, 400);
+}
+
+// response_delay holds every polled response (the benchmark's farther provider): no
+// answer comes sooner than the delay, and the page is the same.
+TEST_F(ProviderSimTest, ResponseDelayHoldsEachPolledResponse) {
+  const std::string undelayed = Pages("0")->body;
+  ProviderSimOptions o;
+  o.chain.initial_head = 100;
+  o.chain.logs_per_block = 3;
+  o.decimal_strings = true;
+  o.response_delay = absl::Milliseconds(50);
+  ProviderSim far(o);
+  absl::StatusOr<int> port = far.Start(0);
+  ASSERT_TRUE(port.ok());
+  httplib::Client client("127.0.0.1", *port);
+  for (int i = 0; i < 3; ++i) {
+    const absl::Time start = absl::Now();
+    auto r = client.Get("/v1/pages?chain=sim&source=s&filter=f&limit=30&from=0");
+    ASSERT_TRUE(r);
+    EXPECT_GE(absl::Now() - start, o.response_delay);
+    EXPECT_EQ(r->status, 200);
+    // The same page (cursors are sealed per simulator instance, so compare without next).
+    absl::StatusOr<consumer::Page> page = consumer::ParsePage(r->body);
+    absl::StatusOr<consumer::Page> base = consumer::ParsePage(undelayed);
+    ASSERT_TRUE(page.ok() && base.ok());
+    EXPECT_EQ(page->from, base->from);
+    ASSERT_EQ(page->items.size(), base->items.size());
+    for (size_t k = 0; k < page->items.size(); ++k) {
+      EXPECT_EQ(page->items[k].SerializeAsString(), base->items[k].SerializeAsString());
+    }
+  }
+  far.Stop();
 }
 
 TEST_F(ProviderSimTest, AdminArmsFaultsAndExposesTheCanonicalChain) {

@@ -8,8 +8,8 @@
 //
 // This library puts the SSE4.2 instruction under RocksDB's own calls: it is linked with
 // `-Wl,--wrap=` on that function, so every call RocksDB's statically linked objects make
-// to `rocksdb::crc32c::Extend` (the WAL writer and reader among them) reaches
-// WrappedExtend below, which computes the same CRC32C (Castagnoli polynomial, RocksDB's
+// to `rocksdb::crc32c::Extend` (the WAL writer and reader among them) reaches Extend
+// below, which computes the same CRC32C (Castagnoli polynomial, RocksDB's
 // pre- and post-inversion) with `crc32` where the CPU has SSE4.2, and otherwise calls
 // RocksDB's original. Where RocksDB is a shared library (--config=tsan) its internal
 // calls stay inside it and nothing changes.

@@ -106,7 +106,8 @@ class Runner {
   Runner(std::string scratch, std::string handoffd)
       : scratch_(std::move(scratch)), handoffd_(std::move(handoffd)) {}
 
-  // Runs `args` in a child process; adds peak_rss_mb and child_cpu_seconds.
+  // Runs `args` in a child process; adds its peak_rss_mb and child_* usage, the helpers'
+  // CPU meanwhile and the machine's steal.
   json Spawn(ProbeArgs a) {
     if (a.dir.empty()) a.dir = absl::StrCat(scratch_, "/probe-", ++count_);
     const bool temp_dir = a.dir.rfind(scratch_, 0) == 0;
@@ -139,6 +140,8 @@ class Runner {
     pid_t pid = 0;
     std::fprintf(stderr, "handoff_bench: %s ...\n", Describe(a).c_str());
     const absl::Time t0 = absl::Now();
+    const double helper_cpu0 = ReadProcessUsage().cpu_seconds;
+    const MachineTicks ticks0 = ReadMachineTicks();
     int rc = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&fa);
     close(pipefd[1]);
@@ -160,8 +163,14 @@ class Runner {
     if (!lines.empty()) r = json::parse(lines.back(), nullptr, false);
     if (!r.is_object()) r = json{{"error", absl::StrCat("child exited with status ", status)}};
     r["peak_rss_mb"] = ru.ru_maxrss / 1024.0;
-    r["child_cpu_seconds"] = ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
-                             (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+    const ProcessUsage child = UsageOf(ru);
+    r["child_cpu_seconds"] = child.cpu_seconds;
+    r["child_context_switches"] = child.context_switches;
+    r["child_minor_faults"] = child.minor_faults;
+    // The helpers' (this process's threads: simulator, sink) CPU over the probe's life,
+    // and the hypervisor's share of the machine's time meanwhile (this VM's noise).
+    r["helper_cpu_seconds"] = ReadProcessUsage().cpu_seconds - helper_cpu0;
+    r["run_steal_fraction"] = StealFraction(ticks0, ReadMachineTicks());
     std::fprintf(stderr, "handoff_bench:   %.1f s: %s\n",
                  absl::ToDoubleSeconds(absl::Now() - t0), r.dump().c_str());
     return r;

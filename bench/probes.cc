@@ -58,28 +58,20 @@ json Error(absl::string_view what, const absl::Status& s) {
 }
 json Error(absl::string_view what) { return json{{"error", std::string(what)}}; }
 
-// What the process's threads have done so far (getrusage, all threads): their CPU
-// time, the times they slept or were preempted, and the pages they touched first.
-struct ProcessUsage {
-  double cpu_seconds = 0;
-  int64_t context_switches = 0;
-  int64_t minor_faults = 0;
-};
-ProcessUsage ReadProcessUsage() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
+}  // namespace
+
+ProcessUsage UsageOf(const rusage& ru) {
   return ProcessUsage{ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
                           (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6,
                       ru.ru_nvcsw + ru.ru_nivcsw, ru.ru_minflt};
 }
-double CpuSeconds() { return ReadProcessUsage().cpu_seconds; }
 
-// The machine's CPU time by kind so far (/proc/stat, all CPUs, in clock ticks): what
-// the hypervisor took ("steal": the vCPU was runnable but not running) over the total.
-struct MachineTicks {
-  int64_t steal = 0;
-  int64_t total = 0;
-};
+ProcessUsage ReadProcessUsage() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return UsageOf(ru);
+}
+
 MachineTicks ReadMachineTicks() {
   MachineTicks t;
   std::ifstream in("/proc/stat");
@@ -94,10 +86,15 @@ MachineTicks ReadMachineTicks() {
   }
   return t;
 }
+
 double StealFraction(const MachineTicks& from, const MachineTicks& to) {
   const int64_t total = to.total - from.total;
   return total > 0 ? static_cast<double>(to.steal - from.steal) / total : 0.0;
 }
+
+namespace {
+
+double CpuSeconds() { return ReadProcessUsage().cpu_seconds; }
 
 // The machine's TCP counters of connections that had to wait (/proc/net/netstat,
 // TcpExt): a full accept queue drops the SYN and the client retries its connect only

@@ -10,6 +10,8 @@
 #ifndef HANDOFF_BENCH_PROBES_H_
 #define HANDOFF_BENCH_PROBES_H_
 
+#include <sys/resource.h>
+
 #include <cstdint>
 #include <string>
 
@@ -35,6 +37,27 @@ struct ProbeArgs {
   int finality_lag = 32;
   bool sync = true;
 };
+
+// What a process's threads have done (getrusage): their CPU time (user + system), the
+// times they slept or were preempted, and the pages they touched first.
+struct ProcessUsage {
+  double cpu_seconds = 0;
+  int64_t context_switches = 0;
+  int64_t minor_faults = 0;
+};
+ProcessUsage UsageOf(const rusage& ru);
+// This process's, so far.
+ProcessUsage ReadProcessUsage();
+
+// The machine's CPU time by kind so far (/proc/stat, all CPUs, in clock ticks): what
+// the hypervisor took ("steal": the vCPU was runnable but not running) over the total.
+struct MachineTicks {
+  int64_t steal = 0;
+  int64_t total = 0;
+};
+MachineTicks ReadMachineTicks();
+// The share of the machine's time between two readings that the hypervisor took.
+double StealFraction(const MachineTicks& from, const MachineTicks& to);
 
 // Runs args.probe: sim_alone, bare_rocks, e2e, sink_direct, sink_e2e, recovery, admin,
 // idle. Never throws; failures are reported as {"error": "..."}.

@@ -60,11 +60,15 @@ std::string Eps(std::optional<double> v) {
 std::string Num(std::optional<double> v, const char* fmt = "%.2f") {
   return v ? absl::StrFormat(fmt, *v) : "n/a";
 }
-// "372.2k ev/s (4.17 s CPU per 1M events)": the rate, and what it cost the probe's process.
+// "312.4k ev/s (4.07 s CPU per 1M events, steal 2.1%)": the rate, what it cost, and how
+// much of the machine the hypervisor took during the run (this VM's noise).
 std::string EpsAndCpu(const Figures& f, const std::string& probe) {
   const auto cpu = f.CpuPerMillion(probe);
+  const auto steal = f.Get(probe, "run_steal_fraction");
+  if (!cpu) return Eps(f.Get(probe, "events_per_s"));
   return absl::StrCat(Eps(f.Get(probe, "events_per_s")),
-                      cpu ? absl::StrFormat(" (%.2f s CPU per 1M events)", *cpu) : "");
+                      absl::StrFormat(" (%.2f s CPU per 1M events", *cpu),
+                      steal ? absl::StrFormat(", steal %.1f%%", 100 * *steal) : "", ")");
 }
 std::optional<double> Div(std::optional<double> a, std::optional<double> b) {
   if (!a || !b || *b == 0) return std::nullopt;
@@ -492,7 +496,11 @@ absl::Status WriteReport(const Results& res, const std::string& out_dir) {
         "scenario 1 (poll and SSE, pages of 1000) and bare RocksDB run twice, interleaved, "
         "keeping each one's best (`runs` in report.json). \"s CPU per 1M events\" is the "
         "probe process's user and system time over its run, per million events (the "
-        "simulator's excluded): steadier than events/s when the machine's neighbours vary.\n"
+        "simulator's excluded): steadier than events/s when the machine's neighbours vary, "
+        "though not immune (the same build's figure has moved 1.7x within minutes on this "
+        "VM); \"steal\" beside it is the share of the machine's time the hypervisor took "
+        "during that run (/proc/stat). report.json also keeps each run's context switches, "
+        "first page touches and the helpers' CPU (`helper_cpu_seconds`).\n"
         "- End to end: a real `Store` (sync on, in a temp dir on disk) and `SourceManager` "
         "with handoffd's `HttpProvider`; events/s = events durably committed / time from "
         "StartSource to the last commit. Bare RocksDB: the same rows (simulator logs as "

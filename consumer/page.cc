@@ -19,9 +19,10 @@ void ReserveEncodedItems(size_t items, Page* page) {
   page->row_bytes.reserve(page->wire_bytes / 2 + 64 * items);
 }
 
-void AppendEncodedItem(const handoff::v1::EventRow& row, Page* page) {
-  store::AppendEncodedRow(row, &page->row_bytes);
+bool AppendEncodedItem(const handoff::v1::EventRow& row, Page* page) {
+  const bool canonical = store::AppendEncodedRow(row, &page->row_bytes);
   page->row_ends.push_back(page->row_bytes.size());
+  return canonical;
 }
 
 }  // namespace handoff::consumer

@@ -76,8 +76,10 @@ Page CopyOfPage(const Page& page);
 // Reserves page->row_bytes for `items` items of a page of page->wire_bytes.
 void ReserveEncodedItems(size_t items, Page* page);
 // Appends `row`, the page's next item, to page->row_bytes/row_ends. The parser calls it
-// right after filling the row, while the row is still in the core's cache.
-void AppendEncodedItem(const handoff::v1::EventRow& row, Page* page);
+// right after filling the row, while the row is still in the core's cache. Returns
+// store::AppendEncodedRow's answer: whether every hex field was canonical lowercase hex
+// (its digits checked on the way).
+bool AppendEncodedItem(const handoff::v1::EventRow& row, Page* page);
 
 inline Position PositionOf(const handoff::v1::EventRow& row) {
   return Position{row.block_number(), row.log_index()};

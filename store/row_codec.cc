@@ -214,7 +214,7 @@ void DecodeHexField(const std::string& stored, bool verbatim, std::string* text)
 
 }  // namespace
 
-void AppendEncodedRow(const handoff::v1::EventRow& row, std::string* out) {
+bool AppendEncodedRow(const handoff::v1::EventRow& row, std::string* out) {
   const size_t at = out->size();
   out->resize(at + MaxEncodedSize(row));
   RowWriter w(out->data() + at);
@@ -240,6 +240,7 @@ void AppendEncodedRow(const handoff::v1::EventRow& row, std::string* out) {
   w.Uint(kTransactionIndex, row.transaction_index());
   w.Uint(kVerbatim, verbatim);
   out->resize(static_cast<size_t>(w.position() - out->data()));
+  return verbatim == 0;
 }
 
 std::string EncodeRow(const handoff::v1::EventRow& row) {

@@ -23,8 +23,12 @@
 
 namespace handoff::store {
 
-// Appends the stored form of `row` to *out.
-void AppendEncodedRow(const handoff::v1::EventRow& row, std::string* out);
+// Appends the stored form of `row` to *out. Returns true when every hex field of `row`
+// (block_hash, address, topics, data, transaction_hash) is canonical, "0x" followed by an
+// even number of lowercase hex digits: their digits were then checked on the way, so a
+// caller that must validate hex need not scan them again. False says only that some
+// field is stored verbatim; whether it is hex at all is the caller's question.
+bool AppendEncodedRow(const handoff::v1::EventRow& row, std::string* out);
 
 // The stored form of `row`.
 std::string EncodeRow(const handoff::v1::EventRow& row);

@@ -137,6 +137,39 @@ TEST(RowCodecTest, LongHexDecodesExactlyAndABadDigitAnywhereIsCaught) {
   }
 }
 
+// The page parser leaves the digit check of canonical rows to the encoder: its answer
+// must be false whenever any hex field holds anything but lowercase hex digits.
+TEST(RowCodecTest, TheAnswerSaysWhetherEveryHexFieldWasLowercaseHex) {
+  std::string out;
+  EXPECT_TRUE(AppendEncodedRow(CanonicalRow(), &out));
+  handoff::v1::EventRow empty_data = CanonicalRow();
+  empty_data.set_data("0x");
+  EXPECT_TRUE(AppendEncodedRow(empty_data, &out));
+  using Setter = std::string* (*)(handoff::v1::EventRow*);
+  const std::vector<std::pair<const char*, Setter>> fields = {
+      {"block_hash", [](handoff::v1::EventRow* r) { return r->mutable_block_hash(); }},
+      {"address", [](handoff::v1::EventRow* r) { return r->mutable_address(); }},
+      {"topic", [](handoff::v1::EventRow* r) { return r->mutable_topics(1); }},
+      {"data", [](handoff::v1::EventRow* r) { return r->mutable_data(); }},
+      {"transaction_hash", [](handoff::v1::EventRow* r) { return r->mutable_transaction_hash(); }},
+  };
+  for (const auto& [name, field] : fields) {
+    handoff::v1::EventRow base = CanonicalRow();
+    const std::string text = *field(&base);
+    for (size_t pos = 0; pos < text.size(); ++pos) {
+      for (char bad : {'A', 'F', 'g', '/', ':', '`', 'x', '\0', '\xff'}) {
+        if (pos == 1 && bad == 'x') continue;  // that is the prefix itself
+        handoff::v1::EventRow row = base;
+        (*field(&row))[pos] = bad;
+        EXPECT_FALSE(AppendEncodedRow(row, &out)) << name << " " << pos << " " << bad;
+      }
+    }
+    handoff::v1::EventRow row = base;
+    field(&row)->clear();
+    EXPECT_FALSE(AppendEncodedRow(row, &out)) << name << " empty";
+  }
+}
+
 // Stored bytes of every length across the vectorized encoder's 16-byte steps and its
 // tail, holding every byte value, come back as the same lowercase hex.
 TEST(RowCodecTest, EveryByteValueAndLengthDecodesToLowercaseHex) {

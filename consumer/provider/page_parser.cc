@@ -99,36 +99,72 @@ bool AllHex(const uint8_t* p, size_t n) {
   return true;
 }
 
-// Points [*begin, *begin + *len) at the string of `v` when it is "0x" followed by hex
-// digits and nothing else.
-bool RawHex(dom::element v, const char** begin, size_t* len) {
+// Points [*begin, *begin + *len) at the string of `v` when it starts with "0x". Its
+// digits are checked later: by the row encoder, which checks canonical (lowercase) hex
+// as it decodes it, and by CheckHexDigits for a row the encoder stored verbatim.
+bool HexText(dom::element v, const char** begin, size_t* len) {
   std::string_view s;
   if (v.get_string().get(s) != simdjson::SUCCESS) return false;
   if (s.size() < 2 || s[0] != '0' || s[1] != 'x') return false;
-  if (!AllHex(reinterpret_cast<const uint8_t*>(s.data()) + 2, s.size() - 2)) return false;
   *begin = s.data();
   *len = s.size();
   return true;
 }
 
-// "0x" + exactly `digits` hex digits.
-absl::Status ReadFixedHex(dom::element v, size_t digits, const Path& path, std::string* out) {
+absl::Status FixedHexError(const Path& path, size_t digits) {
+  return FieldError(path, absl::StrCat("expected 0x-prefixed ", digits, " hex digits"));
+}
+constexpr const char* kHexDataExpected = "expected 0x-prefixed even-length hex data";
+
+// An item's "0x" + exactly `digits` characters (hex digits: see HexText).
+absl::Status ReadFixedHexText(dom::element v, size_t digits, const Path& path,
+                              std::string* out) {
   const char* p;
   size_t len;
-  if (!RawHex(v, &p, &len) || len != digits + 2) {
-    return FieldError(path, absl::StrCat("expected 0x-prefixed ", digits, " hex digits"));
-  }
+  if (!HexText(v, &p, &len) || len != digits + 2) return FixedHexError(path, digits);
   out->assign(p, len);
   return absl::OkStatus();
 }
 
+// "0x" + exactly `digits` hex digits, checked now (a page-level hash: no row encodes it).
+absl::Status ReadFixedHex(dom::element v, size_t digits, const Path& path, std::string* out) {
+  absl::Status s = ReadFixedHexText(v, digits, path, out);
+  if (s.ok() && !AllHex(reinterpret_cast<const uint8_t*>(out->data()) + 2, digits)) {
+    return FixedHexError(path, digits);
+  }
+  return s;
+}
+
+// "0x" + an even number of characters (hex digits: see HexText).
 absl::Status ReadHexData(dom::element v, const Path& path, std::string* out) {
   const char* p;
   size_t len;
-  if (!RawHex(v, &p, &len) || (len % 2) != 0) {
-    return FieldError(path, "expected 0x-prefixed even-length hex data");
-  }
+  if (!HexText(v, &p, &len) || (len % 2) != 0) return FieldError(path, kHexDataExpected);
   out->assign(p, len);
+  return absl::OkStatus();
+}
+
+// Whether `text` ("0x" + characters) has only hex digits after its prefix.
+bool HexDigitsAfterPrefix(const std::string& text) {
+  return AllHex(reinterpret_cast<const uint8_t*>(text.data()) + 2, text.size() - 2);
+}
+
+// The digit check for a row whose hex fields the encoder did not all decode (some are
+// not lowercase): every hex field, in the row's field order.
+absl::Status CheckHexDigits(const handoff::v1::EventRow& row, int64_t index) {
+  if (!HexDigitsAfterPrefix(row.address())) return FixedHexError(Path{"address", index}, 40);
+  for (int j = 0; j < row.topics_size(); ++j) {
+    if (!HexDigitsAfterPrefix(row.topics(j))) {
+      return FixedHexError(Path{"topics", index, j}, 64);
+    }
+  }
+  if (!HexDigitsAfterPrefix(row.data())) return FieldError(Path{"data", index}, kHexDataExpected);
+  if (!HexDigitsAfterPrefix(row.block_hash())) {
+    return FixedHexError(Path{"blockHash", index}, 64);
+  }
+  if (!HexDigitsAfterPrefix(row.transaction_hash())) {
+    return FixedHexError(Path{"transactionHash", index}, 64);
+  }
   return absl::OkStatus();
 }
 
@@ -136,16 +172,25 @@ absl::Status ReadHexData(dom::element v, const Path& path, std::string* out) {
 absl::Status ReadQuantity(dom::element v, const Path& path, uint64_t* out) {
   const char* p;
   size_t len;
-  if (!RawHex(v, &p, &len) || len < 3) return FieldError(path, "expected hex quantity");
+  if (!HexText(v, &p, &len) || len < 3) return FieldError(path, "expected hex quantity");
   const char* d = p + 2;
   size_t n = len - 2;
   while (n > 1 && *d == '0') {
     ++d;
     --n;
   }
-  if (n > 16) return FieldError(path, "hex quantity exceeds 64 bits");
+  if (n > 16) {
+    if (!AllHex(reinterpret_cast<const uint8_t*>(d), n)) {
+      return FieldError(path, "expected hex quantity");
+    }
+    return FieldError(path, "hex quantity exceeds 64 bits");
+  }
   uint64_t value = 0;
-  for (size_t i = 0; i < n; ++i) value = (value << 4) | kHex.value[static_cast<uint8_t>(d[i])];
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t digit = kHex.value[static_cast<uint8_t>(d[i])];
+    if (digit == kNotHex) return FieldError(path, "expected hex quantity");
+    value = (value << 4) | digit;
+  }
   *out = value;
   return absl::OkStatus();
 }
@@ -270,7 +315,7 @@ absl::Status ReadItem(dom::element v, int64_t index, handoff::v1::EventRow* row)
     uint64_t n = 0;
     if (key == "address") {
       bit = kAddress;
-      s = ReadFixedHex(f.value, 40, Path{"address", index}, row->mutable_address());
+      s = ReadFixedHexText(f.value, 40, Path{"address", index}, row->mutable_address());
     } else if (key == "topics") {
       bit = kTopics;
       dom::array topics;
@@ -279,7 +324,7 @@ absl::Status ReadItem(dom::element v, int64_t index, handoff::v1::EventRow* row)
       } else {
         int64_t j = 0;
         for (dom::element t : topics) {
-          s = ReadFixedHex(t, 64, Path{"topics", index, j}, row->add_topics());
+          s = ReadFixedHexText(t, 64, Path{"topics", index, j}, row->add_topics());
           if (!s.ok()) break;
           ++j;
         }
@@ -293,10 +338,10 @@ absl::Status ReadItem(dom::element v, int64_t index, handoff::v1::EventRow* row)
       row->set_block_number(n);
     } else if (key == "blockHash") {
       bit = kBlockHash;
-      s = ReadFixedHex(f.value, 64, Path{"blockHash", index}, row->mutable_block_hash());
+      s = ReadFixedHexText(f.value, 64, Path{"blockHash", index}, row->mutable_block_hash());
     } else if (key == "transactionHash") {
       bit = kTransactionHash;
-      s = ReadFixedHex(f.value, 64, Path{"transactionHash", index},
+      s = ReadFixedHexText(f.value, 64, Path{"transactionHash", index},
                        row->mutable_transaction_hash());
     } else if (key == "transactionIndex") {
       bit = kTransactionIndex;
@@ -426,7 +471,12 @@ absl::Status ReadPage(dom::element doc, Page* page) {
           // Encoded on this (the fetching) thread, so the commit path only copies bytes,
           // and now, while the row is in this core's cache: a second pass over the
           // page's rows later would read ~0.6 MB back from memory beside the commit.
-          AppendEncodedItem(rows[used], page);
+          // The encoder checks lowercase hex digits as it decodes them; a row it stored
+          // verbatim (upper-case digits, or not hex at all) is checked here.
+          if (!AppendEncodedItem(rows[used], page)) {
+            s = CheckHexDigits(rows[used], static_cast<int64_t>(used));
+            if (!s.ok()) break;
+          }
           ++used;
         }
         rows.resize(used);

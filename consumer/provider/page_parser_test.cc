@@ -263,6 +263,9 @@ TEST(PageParserTest, PageFieldErrorsNameTheField) {
       {Replace(v, R"("number":1210,)", ""), "through.number: missing"},
       {Replace(v, R"({"number":1210,"hash":"0x)", R"({"number":1210,"hash":"0xz)"),
        "through.hash: expected"},
+      {Replace(v, R"({"number":1210,"hash":"0x)" + kHash,
+               R"({"number":1210,"hash":"0x)" + kHash.substr(1) + "z"),
+       "through.hash: expected"},
       {Replace(v, R"("number":"1190","hash":"0x)" + kHash + "\"", R"("number":"1190")"),
        "safe.hash: missing"},
       {Replace(v, R"("through":{)", R"("through":"x","t2":{)"), "through: expected"},
@@ -330,6 +333,63 @@ TEST(PageParserTest, ItemFieldErrorsNameTheField) {
   EXPECT_TRUE(ParsePage(PageJson(Replace(good, R"(,"removed":false)", ""))).ok());
   EXPECT_TRUE(ParsePage(PageJson(Replace(good, R"("0x00ff")", R"("0xABCD")"))).ok());
   EXPECT_TRUE(ParsePage(PageJson(Replace(good, R"("0x00ff")", R"("0x")"))).ok());
+}
+
+// The encoder checks lowercase digits as it decodes them and the parser checks the rest:
+// a non-hex digit is refused in every hex field, next to upper-case digits or not, and
+// upper-case digits are accepted and kept as received.
+TEST(PageParserTest, HexDigitsAreCheckedWhateverTheirCase) {
+  const std::string good = Log("0x1", "0x2");
+  struct HexField {
+    std::string text;   // the field's value in `good`, quotes included
+    std::string name;   // as named in the error
+  };
+  const std::string topic1 = R"(","0x)" + kTopic + "\"]";
+  const std::vector<HexField> fields = {
+      {R"("0x)" + kAddr + "\"", "address"},
+      {R"("0x00ff")", "data"},
+      {R"("blockHash":"0x)" + kHash + "\"", "blockHash"},
+      {R"("transactionHash":"0x)" + kHash + "\"", "transactionHash"},
+  };
+  // Replaces the last digit of `field` in `item` with `digit`.
+  auto with_last_digit = [](const std::string& item, const std::string& field, char digit) {
+    std::string changed = field;
+    changed[changed.rfind('"') - 1] = digit;
+    return Replace(item, field, changed);
+  };
+  for (const HexField& f : fields) {
+    SCOPED_TRACE(f.name);
+    const std::string bad = with_last_digit(good, f.text, 'g');
+    ExpectRejected({PageJson(good + "," + bad), "items[1]." + f.name + ": expected"});
+    // Beside a field the encoder keeps verbatim (upper case): the same refusal.
+    for (const HexField& other : fields) {
+      if (other.name == f.name) continue;
+      const std::string upper = with_last_digit(bad, other.text, 'F');
+      ExpectRejected({PageJson(good + "," + upper), "items[1]." + f.name + ": expected"});
+    }
+    // Upper case alone is hex: accepted, and the text is kept as received.
+    const std::string upper = with_last_digit(good, f.text, 'F');
+    absl::StatusOr<Page> page = ParsePage(PageJson(good + "," + upper));
+    ASSERT_TRUE(page.ok()) << page.status();
+    const handoff::v1::EventRow& row = page->items[1];
+    const std::string expected = f.text.substr(f.text.rfind("\"0x") + 1,
+                                               f.text.rfind('"') - f.text.rfind("\"0x") - 2) +
+                                 "F";
+    const std::string& kept = f.name == "address"     ? row.address()
+                              : f.name == "data"      ? row.data()
+                              : f.name == "blockHash" ? row.block_hash()
+                                                      : row.transaction_hash();
+    EXPECT_EQ(kept, expected);
+    handoff::v1::EventRow decoded;
+    ASSERT_TRUE(store::DecodeRow(page->EncodedItem(1), &decoded).ok());
+    EXPECT_EQ(decoded.SerializeAsString(), row.SerializeAsString());
+  }
+  // A topic: named with its index, upper case elsewhere or not.
+  const std::string bad_topic = with_last_digit(good, topic1, 'g');
+  ExpectRejected({PageJson(good + "," + bad_topic), "items[1].topics[1]: expected"});
+  ExpectRejected({PageJson(good + "," + with_last_digit(bad_topic, fields[1].text, 'F')),
+                  "items[1].topics[1]: expected"});
+  EXPECT_TRUE(ParsePage(PageJson(good + "," + with_last_digit(good, topic1, 'F'))).ok());
 }
 
 TEST(PageParserTest, DuplicateFieldsRejected) {

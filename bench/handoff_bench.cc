@@ -56,6 +56,9 @@ ABSL_FLAG(std::string, history, "", "Markdown appended as the report's History s
                                     "(default: <out_dir>/HISTORY.md if present).");
 ABSL_FLAG(std::string, only, "", "Comma-separated scenario numbers to run (default: all).");
 // Child mode.
+ABSL_FLAG(std::string, rerender, "",
+          "A report.json of an earlier run: write its REPORT.md (with --history) to "
+          "--out_dir again, measuring nothing (after a change to the report's format).");
 ABSL_FLAG(std::string, probe, "", "Run one probe (child mode) and print its JSON.");
 ABSL_FLAG(std::string, sim_url, "", "");
 ABSL_FLAG(std::string, sink_target, "", "");
@@ -228,17 +231,38 @@ class Runner {
   int count_ = 0;
 };
 
-// Keeps the run with the higher events_per_s in *best (null before the first run);
-// counts the runs from the second on.
-void KeepBest(json* best, json other) {
+// How many times a row with a goal and the limit it is compared with run, interleaved:
+// the best of each is kept. On this kind of shared VM one configuration's rate has moved
+// 1.5x between back-to-back runs (bench/HISTORY.md 108); the best of several estimates
+// what each can do when the machine lets it, for both sides of a ratio alike.
+constexpr int kGoalRuns = 3;
+
+// Which figure of a run makes it the best one, and which way.
+struct BestBy {
+  const char* field;
+  bool higher_is_better;
+};
+constexpr BestBy kHighestRate{"events_per_s", true};
+constexpr BestBy kLowestP99{"p99_ms", false};
+
+// Keeps the best run by `by` in *best (null before the first run), with the number of
+// runs and every run's figure (`each_<field>`, in run order). A failed run is never best
+// over one that did not fail.
+void KeepBest(json* best, json other, BestBy by = kHighestRate) {
+  const std::string each_key = absl::StrCat("each_", by.field);
+  json each = best->is_null() ? json::array() : best->value(each_key, json::array());
+  each.push_back(other.value(by.field, 0.0));
   if (best->is_null()) {  // the first run
     *best = std::move(other);
-    return;
+  } else {
+    const double a = best->value(by.field, 0.0), b = other.value(by.field, 0.0);
+    const bool better = by.higher_is_better ? b > a : b < a;
+    if (best->contains("error") || (!other.contains("error") && better)) {
+      *best = std::move(other);
+    }
   }
-  const int runs = best->value("runs", 1) + 1;
-  const double a = best->value("events_per_s", 0.0), b = other.value("events_per_s", 0.0);
-  if (best->contains("error") || (!other.contains("error") && b > a)) *best = std::move(other);
-  (*best)["runs"] = runs;
+  (*best)["runs"] = each.size();
+  (*best)[each_key] = std::move(each);
 }
 
 std::string ReadFile(const std::string& path) {
@@ -264,6 +288,26 @@ Machine ThisMachine() {
   if (uname(&u) == 0) m.kernel = absl::StrCat(u.sysname, " ", u.release);
   m.date = absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::Now(), absl::UTCTimeZone());
   return m;
+}
+
+int Write(Results res);
+
+// --rerender: the Results of an earlier run, from its report.json.
+int Rerender(const std::string& path) {
+  const json saved = json::parse(ReadFile(path), nullptr, false);
+  if (!saved.is_object() || !saved.contains("probes")) {
+    std::fprintf(stderr, "handoff_bench: %s is not a report.json\n", path.c_str());
+    return 1;
+  }
+  Results res;
+  res.smoke = saved.value("smoke", false);
+  res.machine.date = saved.value("date", std::string());
+  const json machine = saved.value("machine", json::object());
+  res.machine.nproc = machine.value("nproc", 0);
+  res.machine.cpu = machine.value("cpu", std::string());
+  res.machine.kernel = machine.value("kernel", std::string());
+  res.raw = saved["probes"];
+  return Write(std::move(res));
 }
 
 int RunAll() {
@@ -318,7 +362,7 @@ int RunAll() {
     bare.probe = "bare_rocks";
     bare.events = e1000;
     bare.logs_per_block = kLogsPerBlock;
-    res.raw["bare_rocks"] = run.Spawn(bare);
+    KeepBest(&res.raw["bare_rocks"], run.Spawn(bare));
     for (int page : {1000, 100}) {
       ProbeArgs alone;
       alone.probe = "sim_alone";
@@ -329,7 +373,7 @@ int RunAll() {
   }
   if (wanted(1) || wanted(5)) {
     for (const char* t : {"poll", "sse"}) {
-      res.raw[absl::StrCat("e2e_", t, "_p1000")] = e2e(t, 1000, 1, e1000);
+      KeepBest(&res.raw[absl::StrCat("e2e_", t, "_p1000")], e2e(t, 1000, 1, e1000));
       res.raw[absl::StrCat("e2e_", t, "_p100")] = e2e(t, 100, 1, e100);
     }
     // A provider farther away than loopback: every polled response is held 1 ms (a round
@@ -341,9 +385,9 @@ int RunAll() {
       res.raw["far_poll_p1000"]["provider_delay_ms"] = kFarProviderMs;
     }
     // Shared machines are noisy: the rows with a goal (poll and SSE, pages of 1000) and
-    // their bare RocksDB limit run once more, interleaved, and each keeps its best run
-    // (SSE too, so that both transports are measured the same way).
-    if (wanted(1) && !smoke) {
+    // their bare RocksDB limit run kGoalRuns times in all, interleaved, and each keeps
+    // its best run (SSE too, so that both transports are measured the same way).
+    for (int round = 1; wanted(1) && !smoke && round < kGoalRuns; ++round) {
       ProbeArgs bare;
       bare.probe = "bare_rocks";
       bare.events = e1000;
@@ -356,7 +400,7 @@ int RunAll() {
   if (wanted(2) || wanted(5)) {
     for (int s : z.many) {
       const int64_t per = RoundToBlocks(z.many_total / s);
-      res.raw[absl::StrCat("many_", s)] = e2e("poll", 1000, s, per);
+      KeepBest(&res.raw[absl::StrCat("many_", s)], e2e("poll", 1000, s, per));
     }
     // The storage's own figure for the most sources: one bare RocksDB writer thread per
     // source, each in its own key range, committing 1000 rows a batch (scenario 1's loop).
@@ -365,10 +409,11 @@ int RunAll() {
     bare_many.sources = z.many[2];
     bare_many.events = RoundToBlocks(z.many_total / bare_many.sources) * bare_many.sources;
     bare_many.logs_per_block = kLogsPerBlock;
-    res.raw["bare_rocks_many"] = run.Spawn(bare_many);
-    // The goal compares the most sources with one: both run once more, interleaved, and
-    // keep their best run (as scenario 1), and so does the storage's figure beside them.
-    if (wanted(2) && !smoke) {
+    KeepBest(&res.raw["bare_rocks_many"], run.Spawn(bare_many));
+    // The goal compares the most sources with one: both run kGoalRuns times in all,
+    // interleaved, and keep their best run (as scenario 1), and so does the storage's
+    // figure beside them.
+    for (int round = 1; wanted(2) && !smoke && round < kGoalRuns; ++round) {
       KeepBest(&res.raw["bare_rocks_many"], run.Spawn(bare_many));
       for (int s : {z.many[0], z.many[2]}) {
         KeepBest(&res.raw[absl::StrCat("many_", s)],
@@ -382,8 +427,8 @@ int RunAll() {
   }
   if (wanted(3)) {
     // The batch rows have a goal: as in scenario 1, they and their limit (the sink called
-    // directly) run twice, interleaved, and each keeps its best run.
-    const int rounds = smoke ? 1 : 2;
+    // directly) run kGoalRuns times, interleaved, and each keeps its best run.
+    const int rounds = smoke ? 1 : kGoalRuns;
     for (const char* mode : {"single", "batch"}) {
       const bool batch = std::string(mode) == "batch";
       const int64_t n = RoundToBlocks(batch ? z.sink_batch : z.sink_single);
@@ -421,15 +466,20 @@ int RunAll() {
     a.handoffd = run.handoffd().empty() ? "" : fs::absolute(run.handoffd()).string();
     a.window_s = z.admin_window;
     a.events = RoundToBlocks(z.admin_events);
-    a.mode = "default";
-    res.raw["admin"] = run.WithSim(a, a.events, 16);
-    // The same server with a caller on the same saturated cores at normal priority.
-    a.mode = "caller_normal";
-    res.raw["admin_caller_normal"] = run.WithSim(a, a.events, 16);
-    // Admin threads at normal priority too (--admin_realtime_priority=0; handoffd
-    // without CAP_SYS_NICE): how it was.
-    a.mode = "no_rt";
-    res.raw["admin_no_rt"] = run.WithSim(a, a.events, 16);
+    // The tail is this VM's wake-ups (bench/HISTORY.md 100): each configuration runs
+    // kGoalRuns times, interleaved, and keeps its run with the lowest p99 (every run's
+    // p99 stays in report.json), as the rates above keep their best.
+    for (int round = 0; round < (smoke ? 1 : kGoalRuns); ++round) {
+      a.mode = "default";
+      KeepBest(&res.raw["admin"], run.WithSim(a, a.events, 16), kLowestP99);
+      // The same server with a caller on the same saturated cores at normal priority.
+      a.mode = "caller_normal";
+      KeepBest(&res.raw["admin_caller_normal"], run.WithSim(a, a.events, 16), kLowestP99);
+      // Admin threads at normal priority too (--admin_realtime_priority=0; handoffd
+      // without CAP_SYS_NICE): how it was.
+      a.mode = "no_rt";
+      KeepBest(&res.raw["admin_no_rt"], run.WithSim(a, a.events, 16), kLowestP99);
+    }
   }
   // Scenario 5 takes its per-source fixed cost (T) from the idle probe.
   if (wanted(7) || wanted(5)) {
@@ -452,13 +502,18 @@ int RunAll() {
     res.raw["idle_sse"] = run.WithSim(a, a.events, z.idle_sources + 16);
   }
 
+  fs::remove_all(scratch);
+  return Write(std::move(res));
+}
+
+// Writes REPORT.md and report.json of `res` to --out_dir, with --history appended.
+int Write(Results res) {
   std::string history_path = absl::GetFlag(FLAGS_history);
   if (history_path.empty()) history_path = absl::GetFlag(FLAGS_out_dir) + "/HISTORY.md";
   res.history = ReadFile(history_path);
   const std::string out_dir = absl::GetFlag(FLAGS_out_dir);
   fs::create_directories(out_dir);
   absl::Status s = WriteReport(res, out_dir);
-  fs::remove_all(scratch);
   if (!s.ok()) {
     std::fprintf(stderr, "handoff_bench: %s\n", s.ToString().c_str());
     return 1;
@@ -507,5 +562,8 @@ int main(int argc, char** argv) {
   // Peers that hang up (a probe ending mid-response) must not kill the harness.
   signal(SIGPIPE, SIG_IGN);
   if (!absl::GetFlag(FLAGS_probe).empty()) return handoff::bench::RunChild();
+  if (!absl::GetFlag(FLAGS_rerender).empty()) {
+    return handoff::bench::Rerender(absl::GetFlag(FLAGS_rerender));
+  }
   return handoff::bench::RunAll();
 }

@@ -23,4 +23,12 @@ if grep -q "^## Failures" "$out/REPORT.md"; then
   cat "$out/REPORT.md"
   exit 1
 fi
+# --rerender writes the same report again from report.json alone, measuring nothing.
+again="${TEST_TMPDIR}/rerendered"
+"$bench" --rerender="$out/report.json" --out_dir="$again" --history=/dev/null
+cmp -s "$out/REPORT.md" "$again/REPORT.md" ||
+  { echo "--rerender wrote a different REPORT.md"; diff "$out/REPORT.md" "$again/REPORT.md"; exit 1; }
+if "$bench" --rerender="$out/REPORT.md" --out_dir="$again" --history=/dev/null 2>/dev/null; then
+  echo "--rerender accepted a file that is not a report.json"; exit 1
+fi
 echo "smoke report OK"

@@ -342,7 +342,7 @@ absl::Status ReadItem(dom::element v, int64_t index, handoff::v1::EventRow* row)
     } else if (key == "transactionHash") {
       bit = kTransactionHash;
       s = ReadFixedHexText(f.value, 64, Path{"transactionHash", index},
-                       row->mutable_transaction_hash());
+                           row->mutable_transaction_hash());
     } else if (key == "transactionIndex") {
       bit = kTransactionIndex;
       s = ReadQuantity(f.value, Path{"transactionIndex", index}, &n);

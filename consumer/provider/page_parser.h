@@ -15,15 +15,18 @@
 // the shared 2-core VM while other builds ran, so CPU time, not wall time):
 //   simdjson DOM -> Page (this parser)        0.36 GB/s   2.1 ms/page
 //   the same, rows recycled (RowPool, as in
-//   production: BM_SimdjsonPageParserRecycled) 0.72 GB/s  1.05 ms/page
+//   production: BM_SimdjsonPageParserRecycled) 0.76 GB/s  1.04 ms/page
+//     (1.13 ms before the row encoder took over the digit check: bench/HISTORY.md 106)
 //   nlohmann::json -> Page                   0.036 GB/s  20.8 ms/page
 //   simdjson DOM parse alone (haswell kernel) 2.1 GB/s    0.34 ms/page
 // simdjson is 10x nlohmann and was chosen; the DOM API (runtime-dispatched, so the
 // shared library's AVX2 kernel is used) rather than ondemand (header-compiled, which
 // falls back to the scalar kernel without -mavx2). The 1 GB/s target is NOT met: with
 // fresh rows most of the time is the ~16 heap allocations per log that EventRow's
-// strings cost, which the row pool removes in production; what remains is hex
-// validation (SSE2), copying each string out of the DOM and encoding the stored row.
+// strings cost, which the row pool removes in production; what remains is copying each
+// string out of the DOM and encoding the stored row, whose hex decoding (SSE2) is also
+// the check of an item's hex digits: the parser checks them itself only for a row the
+// encoder keeps verbatim (not lowercase hex).
 //
 // Thread-compatible: one PageParser per thread. The simdjson parser each parse needs is
 // lent by a process-wide pool of at most kDomParsers (consumer/memory_bound.h), kept

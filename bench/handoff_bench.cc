@@ -55,10 +55,10 @@ ABSL_FLAG(std::string, handoffd, "", "handoffd binary for the admin-latency scen
 ABSL_FLAG(std::string, history, "", "Markdown appended as the report's History section "
                                     "(default: <out_dir>/HISTORY.md if present).");
 ABSL_FLAG(std::string, only, "", "Comma-separated scenario numbers to run (default: all).");
-// Child mode.
 ABSL_FLAG(std::string, rerender, "",
           "A report.json of an earlier run: write its REPORT.md (with --history) to "
           "--out_dir again, measuring nothing (after a change to the report's format).");
+// Child mode.
 ABSL_FLAG(std::string, probe, "", "Run one probe (child mode) and print its JSON.");
 ABSL_FLAG(std::string, sim_url, "", "");
 ABSL_FLAG(std::string, sink_target, "", "");
@@ -290,7 +290,21 @@ Machine ThisMachine() {
   return m;
 }
 
-int Write(Results res);
+// Writes REPORT.md and report.json of `res` to --out_dir, with --history appended.
+int Write(Results res) {
+  std::string history_path = absl::GetFlag(FLAGS_history);
+  if (history_path.empty()) history_path = absl::GetFlag(FLAGS_out_dir) + "/HISTORY.md";
+  res.history = ReadFile(history_path);
+  const std::string out_dir = absl::GetFlag(FLAGS_out_dir);
+  fs::create_directories(out_dir);
+  absl::Status s = WriteReport(res, out_dir);
+  if (!s.ok()) {
+    std::fprintf(stderr, "handoff_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "handoff_bench: wrote %s/REPORT.md and report.json\n", out_dir.c_str());
+  return 0;
+}
 
 // --rerender: the Results of an earlier run, from its report.json.
 int Rerender(const std::string& path) {
@@ -504,22 +518,6 @@ int RunAll() {
 
   fs::remove_all(scratch);
   return Write(std::move(res));
-}
-
-// Writes REPORT.md and report.json of `res` to --out_dir, with --history appended.
-int Write(Results res) {
-  std::string history_path = absl::GetFlag(FLAGS_history);
-  if (history_path.empty()) history_path = absl::GetFlag(FLAGS_out_dir) + "/HISTORY.md";
-  res.history = ReadFile(history_path);
-  const std::string out_dir = absl::GetFlag(FLAGS_out_dir);
-  fs::create_directories(out_dir);
-  absl::Status s = WriteReport(res, out_dir);
-  if (!s.ok()) {
-    std::fprintf(stderr, "handoff_bench: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  std::fprintf(stderr, "handoff_bench: wrote %s/REPORT.md and report.json\n", out_dir.c_str());
-  return 0;
 }
 
 int RunChild() {

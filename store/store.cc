@@ -456,18 +456,17 @@ absl::Status Store::ResolveRowsLocked(StepBatch* step, uint64_t epoch,
         started.push_back(s);
       }
     }
+    // The placeholder key's epoch, patched in place (one 8-byte copy: this runs per row).
+    const std::string prefix =
+        into == epoch || into == 0 ? epoch_bytes : keys::RowEpochPrefix(into);
+    std::memcpy(&rep[put.epoch_offset], prefix.data(), prefix.size());
     if (into == 0) {
       // An epoch-0 row is keyed without an epoch, which the placeholder key cannot be
       // patched into (rare: a correction or a hold below rows written before schema 4).
       // The put is repeated with the epoch-0 key and the placeholder's deleted after it.
-      rep.replace(put.epoch_offset, 8, epoch_bytes);
       const std::string copy = rep.substr(put.value_offset, put.value_size);
       batch->Put(cfs_.rows, keys::RowKey(0, id, put.pos), copy);
       batch->Delete(cfs_.rows, keys::RowKey(epoch, id, put.pos));
-    } else if (into == epoch) {
-      std::memcpy(&rep[put.epoch_offset], epoch_bytes.data(), 8);  // the common case
-    } else {
-      rep.replace(put.epoch_offset, 8, keys::RowEpochPrefix(into));
     }
     if (!step->row_deletes_.empty()) put_positions.insert(put.pos);
   }

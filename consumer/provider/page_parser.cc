@@ -126,12 +126,15 @@ absl::Status ReadFixedHexText(dom::element v, size_t digits, const Path& path,
   return absl::OkStatus();
 }
 
+// Whether `text` ("0x" + characters) has only hex digits after its prefix.
+bool HexDigitsAfterPrefix(const std::string& text) {
+  return AllHex(reinterpret_cast<const uint8_t*>(text.data()) + 2, text.size() - 2);
+}
+
 // "0x" + exactly `digits` hex digits, checked now (a page-level hash: no row encodes it).
 absl::Status ReadFixedHex(dom::element v, size_t digits, const Path& path, std::string* out) {
   absl::Status s = ReadFixedHexText(v, digits, path, out);
-  if (s.ok() && !AllHex(reinterpret_cast<const uint8_t*>(out->data()) + 2, digits)) {
-    return FixedHexError(path, digits);
-  }
+  if (s.ok() && !HexDigitsAfterPrefix(*out)) return FixedHexError(path, digits);
   return s;
 }
 
@@ -142,11 +145,6 @@ absl::Status ReadHexData(dom::element v, const Path& path, std::string* out) {
   if (!HexText(v, &p, &len) || (len % 2) != 0) return FieldError(path, kHexDataExpected);
   out->assign(p, len);
   return absl::OkStatus();
-}
-
-// Whether `text` ("0x" + characters) has only hex digits after its prefix.
-bool HexDigitsAfterPrefix(const std::string& text) {
-  return AllHex(reinterpret_cast<const uint8_t*>(text.data()) + 2, text.size() - 2);
 }
 
 // The digit check for a row whose hex fields the encoder did not all decode (some are

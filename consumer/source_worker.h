@@ -88,8 +88,11 @@ struct WorkerOptions {
   // published (progress, delivery, observers) only once synced, in order. Measured
   // (bench/HISTORY.md): the fsync of a 1000-event page takes ~3 ms here, as long as the
   // rest of the page's work; with 1 the ingest thread still waited ~2.3 ms a page for
-  // it, with 2 it rarely does. 0: every commit waits for its own fsync.
-  int max_unsynced_pages = 2;
+  // it, with 2 it rarely does. Since the store paces its background syncs
+  // (StoreOptions::wal_sync_interval, 5 ms), two or three pages written 2.5 ms apart
+  // share one fsync; 4 lets ingest write them without waiting (with 2 it would wait for
+  // the first page's fsync at the third). 0: every commit waits for its own fsync.
+  int max_unsynced_pages = 4;
   // The dispatcher re-checks the gate at least this often without a poke.
   absl::Duration delivery_idle_recheck = absl::Seconds(5);
 };

@@ -45,6 +45,8 @@ struct ServerOptions {
   // store::StoreMemoryCeiling is the database's share of the memory bound (README).
   size_t write_buffer_bytes = store::StoreOptions().write_buffer_bytes;
   size_t block_cache_bytes = store::StoreOptions().block_cache_bytes;
+  // Pacing of the background WAL syncs nobody waits for (store::StoreOptions).
+  absl::Duration wal_sync_interval = store::StoreOptions().wal_sync_interval;
 
   // ---- Security ----
   // PEM files. Both or neither of cert and key; client_ca (mTLS) requires them.

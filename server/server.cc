@@ -130,6 +130,7 @@ absl::Status Server::Build() {
   store_options.path = options_.data_dir + "/db";
   store_options.write_buffer_bytes = options_.write_buffer_bytes;
   store_options.block_cache_bytes = options_.block_cache_bytes;
+  store_options.wal_sync_interval = options_.wal_sync_interval;
   ASSIGN_OR_RETURN(store_, store::Store::Open(store_options));
   logger_->Info("database open",
                 {{"path", store_options.path},

@@ -226,7 +226,10 @@ Store::Store(const StoreOptions& options, rocksdb::DB* db,
   cfs_.meta = handles_[8];
   cfs_.row_segments = handles_[9];
   write_options_.sync = options.sync;
-  if (options.sync) syncer_ = std::make_unique<WalSyncer>([this] { return SyncWal(); });
+  if (options.sync) {
+    syncer_ = std::make_unique<WalSyncer>([this] { return SyncWal(); },
+                                          options.wal_sync_interval);
+  }
 }
 
 Store::~Store() {

@@ -83,6 +83,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "handoff/v1/source.pb.h"
 #include "rocksdb/db.h"
 #include "rocksdb/file_system.h"
@@ -113,6 +114,13 @@ struct StoreOptions {
   std::string path;
   // fsync the WAL on every commit. Only tests and benchmarks of the limit turn it off.
   bool sync = true;
+  // Pacing of the background syncs of deferred commits that nobody waits for yet
+  // (WalSyncer): at most one begins per interval, and the commits written meanwhile share
+  // it. A caller that awaits a commit's sync ends the wait at once. Zero: each sync
+  // begins as soon as there is a commit to cover. 5 ms lets a source that commits a
+  // page every 2.5 ms share one fsync between two pages, and caps the background syncs
+  // at 200/s whatever the number of sources (bench/HISTORY.md 109).
+  absl::Duration wal_sync_interval = absl::Milliseconds(5);
   // Tests inject faults through an Env wrapping a FileSystem (fault_injection_fs.h).
   rocksdb::Env* env = nullptr;
   // Memtable size of the families written once per event (rows, outbox, receipts);

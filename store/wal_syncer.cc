@@ -2,12 +2,13 @@
 
 #include <utility>
 
+#include "absl/time/clock.h"
 #include "base/thread_name.h"
 
 namespace handoff::store {
 
-WalSyncer::WalSyncer(std::function<absl::Status()> sync)
-    : sync_(std::move(sync)), thread_([this] { Run(); }) {}
+WalSyncer::WalSyncer(std::function<absl::Status()> sync, absl::Duration min_interval)
+    : sync_(std::move(sync)), min_interval_(min_interval), thread_([this] { Run(); }) {}
 
 WalSyncer::~WalSyncer() {
   {
@@ -27,7 +28,11 @@ absl::Status WalSyncer::Await(SyncTicket ticket) {
   auto settled = [this, ticket]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return synced_ >= ticket.value || !failure_.ok();
   };
-  mu_.Await(absl::Condition(&settled));
+  if (!settled()) {
+    ++waiters_;  // ends a paced sync's wait: somebody needs it now
+    mu_.Await(absl::Condition(&settled));
+    --waiters_;
+  }
   if (synced_ >= ticket.value) return absl::OkStatus();
   return failure_;
 }
@@ -54,6 +59,12 @@ void WalSyncer::Run() {
       if (stopping_) return;
       continue;
     }
+    // Paced: the tickets that arrive meanwhile share this sync.
+    auto needed_now = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return stopping_ || waiters_ > 0;
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&needed_now), last_start_ + min_interval_);
+    last_start_ = absl::Now();
     // Every ticket taken by now belongs to a write that has returned: this sync,
     // beginning after, covers them all. Later tickets wait for the next one.
     const uint64_t target = written_;

@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 
 namespace handoff::store {
@@ -111,6 +113,61 @@ TEST(WalSyncerTest, DestructionSyncsWhatWasWritten) {
     syncer.Written();  // not covered by the running sync
     gate.Release(0);
   }
+  EXPECT_EQ(syncs.load(), 2);
+}
+
+// Pacing (min_interval): the syncs nobody waits for begin at most once per interval,
+// and the writes made meanwhile share them.
+TEST(WalSyncerTest, AtMostOneSyncBeginsPerIntervalWhileNobodyWaits) {
+  std::atomic<int> syncs{0};
+  const absl::Duration interval = absl::Milliseconds(20);
+  WalSyncer syncer(
+      [&] {
+        ++syncs;
+        return absl::OkStatus();
+      },
+      interval);
+  const absl::Time start = absl::Now();
+  SyncTicket last;
+  int writes = 0;
+  // Writes for 200 ms that nobody awaits: unpaced, each would get a sync of its own
+  // (the sync returns at once).
+  while (absl::Now() - start < absl::Milliseconds(200)) {
+    last = syncer.Written();
+    ++writes;
+  }
+  const int unawaited = syncs.load();
+  const absl::Duration elapsed = absl::Now() - start;
+  // The first sync begins at once, then at most one per interval.
+  EXPECT_LE(unawaited, 1 + static_cast<int>(elapsed / interval) + 1) << writes << " writes";
+  EXPECT_GE(unawaited, 1);
+  EXPECT_TRUE(syncer.Await(last).ok());
+  EXPECT_TRUE(syncer.IsSynced(last));
+}
+
+TEST(WalSyncerTest, AWaiterEndsThePacedWaitAtOnce) {
+  // An hour between syncs: only the waiter can start the second one in this test's time.
+  WalSyncer syncer([] { return absl::OkStatus(); }, absl::Hours(1));
+  ASSERT_TRUE(syncer.Await(syncer.Written()).ok());  // the first: after a quiet spell
+  const SyncTicket paced = syncer.Written();
+  EXPECT_TRUE(syncer.Await(paced).ok());
+  EXPECT_EQ(syncer.syncs(), 2u);
+}
+
+TEST(WalSyncerTest, DestructionEndsThePacedWaitAndSyncs) {
+  std::atomic<int> syncs{0};
+  {
+    WalSyncer syncer(
+        [&] {
+          ++syncs;
+          return absl::OkStatus();
+        },
+        absl::Hours(1));
+    ASSERT_TRUE(syncer.Await(syncer.Written()).ok());
+    syncer.Written();  // paced: nobody waits for it
+    syncer.Written();
+  }
+  // One more sync, for both writes, without waiting out the hour.
   EXPECT_EQ(syncs.load(), 2);
 }
 

@@ -9,8 +9,9 @@
 //
 // Sync pacing (`min_interval`): while nobody waits in Await, a sync begins no sooner
 // than `min_interval` after the previous one began, so writes that arrive faster than
-// that share a sync instead of each paying one (an fsync costs ~0.3 ms of CPU here
-// whatever it covers, most of it the virtual disk's flush; bench/HISTORY.md 109). A
+// that share a sync instead of each paying one (an fsync took ~0.3 ms of CPU here for
+// a 100-event page and ~0.6 ms for a 1000-event one, much of it the virtual disk's
+// queue kick and flush; bench/HISTORY.md 109). A
 // ticket after a quiet spell is synced at once, and a caller blocked in Await, or the
 // destructor, ends the wait at once: pacing only groups writes nobody is waiting for,
 // so it delays no caller that waits, and a write's bytes stay unsynced at most

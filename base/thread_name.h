@@ -12,7 +12,10 @@
 #ifndef HANDOFF_BASE_THREAD_NAME_H_
 #define HANDOFF_BASE_THREAD_NAME_H_
 
+#include <sys/types.h>
+
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -31,6 +34,23 @@ absl::Status NameCurrentThread(absl::string_view name);
 
 // The calling thread's name.
 std::string CurrentThreadName();
+
+// The calling thread's id (the kernel's thread id, as `ps -L` shows it).
+pid_t CurrentThreadId();
+
+// One thread of this process.
+struct ThreadInfo {
+  pid_t id = 0;
+  std::string name;
+};
+
+// This process's threads, as /proc/self/task lists them now (a thread that starts or
+// ends meanwhile may be missed or listed). For finding a library's threads, which only
+// their names tell apart.
+std::vector<ThreadInfo> ListThreads();
+
+// The ids of the threads ListThreads finds named exactly `name`.
+std::vector<pid_t> ThreadsNamed(absl::string_view name);
 
 }  // namespace handoff
 

@@ -1,8 +1,12 @@
 #include "base/thread_name.h"
 
+#include <algorithm>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
 namespace handoff {
@@ -40,6 +44,32 @@ TEST(ThreadNameTest, RefusesANameLinuxWouldCut) {
     EXPECT_EQ(CurrentThreadName(), before);
   });
   t.join();
+}
+
+TEST(ThreadNameTest, FindsTheProcesssThreadsByName) {
+  EXPECT_TRUE(ThreadsNamed("tn-test-lib").empty());
+  absl::BlockingCounter named(2);
+  absl::Notification done;
+  std::vector<pid_t> ids(2);
+  std::vector<std::thread> threads;
+  for (pid_t& id : ids) {
+    threads.emplace_back([&] {
+      ASSERT_TRUE(NameCurrentThread("tn-test-lib").ok());
+      id = CurrentThreadId();
+      named.DecrementCount();
+      done.WaitForNotification();
+    });
+  }
+  named.Wait();
+  std::vector<pid_t> found = ThreadsNamed("tn-test-lib");
+  std::sort(found.begin(), found.end());
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(found, ids);
+  EXPECT_TRUE(ThreadsNamed("tn-test-li").empty());  // exact names only
+  EXPECT_NE(CurrentThreadId(), ids[0]);
+  done.Notify();
+  for (std::thread& t : threads) t.join();
+  EXPECT_TRUE(ThreadsNamed("tn-test-lib").empty());  // ended threads are gone
 }
 
 }  // namespace

@@ -12,35 +12,36 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "base/thread_name.h"
 
 namespace handoff {
 namespace {
 
-// On Linux, PRIO_PROCESS with a thread id addresses that one thread.
-id_t ThisThread() { return static_cast<id_t>(syscall(SYS_gettid)); }
-
-// Sets the calling thread's policy (pid 0: the calling thread; Linux schedules threads,
-// not processes). EPERM is PERMISSION_DENIED.
-absl::Status SetCurrentThreadPolicy(int policy, int priority, absl::string_view name) {
+// Sets thread `tid`'s policy (0: the calling thread; Linux schedules threads, not
+// processes). EPERM is PERMISSION_DENIED, ESRCH (the thread ended) NOT_FOUND.
+absl::Status SetThreadPolicy(pid_t tid, int policy, int priority, absl::string_view name) {
   sched_param param{};
   param.sched_priority = priority;
-  if (sched_setscheduler(0, policy, &param) != 0) {
+  if (sched_setscheduler(tid, policy, &param) != 0) {
     const int error = errno;
+    const std::string target = tid == 0 ? "" : absl::StrCat("thread ", tid, ", ");
     const std::string what =
-        absl::StrCat("sched_setscheduler(", name, "): ", std::strerror(error));
-    return error == EPERM ? absl::PermissionDeniedError(what) : absl::InternalError(what);
+        absl::StrCat("sched_setscheduler(", target, name, "): ", std::strerror(error));
+    if (error == EPERM) return absl::PermissionDeniedError(what);
+    return error == ESRCH ? absl::NotFoundError(what) : absl::InternalError(what);
   }
   return absl::OkStatus();
 }
 
-// The calling thread's policy, without the SCHED_RESET_ON_FORK flag.
-int CurrentThreadPolicy() { return sched_getscheduler(0) & ~SCHED_RESET_ON_FORK; }
+// Thread `tid`'s policy (0: the calling thread), without the SCHED_RESET_ON_FORK flag.
+int ThreadPolicy(pid_t tid) { return sched_getscheduler(tid) & ~SCHED_RESET_ON_FORK; }
 
 }  // namespace
 
+// On Linux, PRIO_PROCESS with a thread id addresses that one thread.
 int CurrentThreadNice() {
   errno = 0;
-  const int nice = getpriority(PRIO_PROCESS, ThisThread());
+  const int nice = getpriority(PRIO_PROCESS, CurrentThreadId());
   return errno == 0 ? nice : 0;
 }
 
@@ -51,26 +52,26 @@ absl::Status LowerCurrentThreadPriority(int increment) {
   }
   if (increment == 0) return absl::OkStatus();
   const int target = std::min(19, CurrentThreadNice() + increment);
-  if (setpriority(PRIO_PROCESS, ThisThread(), target) != 0) {
+  if (setpriority(PRIO_PROCESS, CurrentThreadId(), target) != 0) {
     return absl::InternalError(absl::StrCat("setpriority(", target, "): ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
 
 absl::Status UseIdleSchedulingForCurrentThread() {
-  return SetCurrentThreadPolicy(SCHED_IDLE, 0, "SCHED_IDLE");
+  return SetThreadPolicy(0, SCHED_IDLE, 0, "SCHED_IDLE");
 }
 
-bool CurrentThreadIsIdleScheduled() { return CurrentThreadPolicy() == SCHED_IDLE; }
+bool CurrentThreadIsIdleScheduled() { return ThreadPolicy(0) == SCHED_IDLE; }
 
-absl::Status UseRealtimeSchedulingForCurrentThread(int priority) {
+absl::Status UseRealtimeSchedulingForThread(pid_t tid, int priority) {
   if (priority < kMinRealtimePriority || priority > kMaxRealtimePriority) {
     return absl::InvalidArgumentError(absl::StrCat("real-time priority ", priority,
                                                    " is outside ", kMinRealtimePriority,
                                                    "..", kMaxRealtimePriority));
   }
-  absl::Status status = SetCurrentThreadPolicy(SCHED_RR | SCHED_RESET_ON_FORK, priority,
-                                               absl::StrCat("SCHED_RR, ", priority));
+  absl::Status status = SetThreadPolicy(tid, SCHED_RR | SCHED_RESET_ON_FORK, priority,
+                                        absl::StrCat("SCHED_RR, ", priority));
   if (absl::IsPermissionDenied(status)) {
     return absl::PermissionDeniedError(absl::StrCat(
         status.message(), " (needs CAP_SYS_NICE or RLIMIT_RTPRIO >= ", priority, ")"));
@@ -78,11 +79,17 @@ absl::Status UseRealtimeSchedulingForCurrentThread(int priority) {
   return status;
 }
 
-absl::Status UseNormalSchedulingForCurrentThread() {
-  return SetCurrentThreadPolicy(SCHED_OTHER, 0, "SCHED_OTHER");
+absl::Status UseRealtimeSchedulingForCurrentThread(int priority) {
+  return UseRealtimeSchedulingForThread(0, priority);
 }
 
-bool CurrentThreadIsRealtimeScheduled() { return CurrentThreadPolicy() == SCHED_RR; }
+absl::Status UseNormalSchedulingForCurrentThread() {
+  return SetThreadPolicy(0, SCHED_OTHER, 0, "SCHED_OTHER");
+}
+
+bool ThreadIsRealtimeScheduled(pid_t tid) { return ThreadPolicy(tid) == SCHED_RR; }
+
+bool CurrentThreadIsRealtimeScheduled() { return ThreadIsRealtimeScheduled(0); }
 
 absl::Status CheckRealtimeSchedulingAllowed(int priority) {
   absl::Status status;

@@ -26,6 +26,8 @@
 #ifndef HANDOFF_BASE_THREAD_PRIORITY_H_
 #define HANDOFF_BASE_THREAD_PRIORITY_H_
 
+#include <sys/types.h>
+
 #include "absl/status/status.h"
 
 namespace handoff {
@@ -58,12 +60,17 @@ inline constexpr int kMaxRealtimePriority = 99;
 // CAP_SYS_NICE or a high enough RLIMIT_RTPRIO; INVALID_ARGUMENT outside the range.
 absl::Status UseRealtimeSchedulingForCurrentThread(int priority);
 
+// The same for thread `tid` of this process (a kernel thread id: base/thread_name.h), for
+// threads a library starts and Handoff cannot run code on. NOT_FOUND when it has ended.
+absl::Status UseRealtimeSchedulingForThread(pid_t tid, int priority);
+
 // Moves the calling thread back to the normal policy (SCHED_OTHER); its nice value is
 // kept. Always permitted.
 absl::Status UseNormalSchedulingForCurrentThread();
 
-// Whether the calling thread runs under SCHED_RR.
+// Whether the calling thread, or thread `tid` of this process, runs under SCHED_RR.
 bool CurrentThreadIsRealtimeScheduled();
+bool ThreadIsRealtimeScheduled(pid_t tid);
 
 // Whether this process may run threads under SCHED_RR at `priority`: tried on a
 // short-lived thread, so no thread of the caller changes. OK, or why not.

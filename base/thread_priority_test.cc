@@ -5,7 +5,9 @@
 
 #include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "base/capabilities_for_testing.h"
+#include "base/thread_name.h"
 #include "gtest/gtest.h"
 
 namespace handoff {
@@ -66,6 +68,33 @@ TEST(ThreadPriorityTest, RealtimeSchedulingIsPerThreadAndNotInherited) {
   EXPECT_FALSE(child);
   EXPECT_TRUE(back_to_normal);
   EXPECT_FALSE(CurrentThreadIsRealtimeScheduled());
+}
+
+TEST(ThreadPriorityTest, AnotherThreadOfTheProcessCanBeMadeRealtime) {
+  const absl::Status allowed = CheckRealtimeSchedulingAllowed(1);
+  if (!allowed.ok()) GTEST_SKIP() << "this process may not use SCHED_RR: " << allowed;
+  // A library's thread, which Handoff cannot run code on: it waits, and is moved from here.
+  absl::Notification started, moved;
+  pid_t tid = 0;
+  bool realtime_inside = false, child = true;
+  std::thread library([&] {
+    tid = CurrentThreadId();
+    started.Notify();
+    moved.WaitForNotification();
+    realtime_inside = CurrentThreadIsRealtimeScheduled();
+    std::thread c([&] { child = CurrentThreadIsRealtimeScheduled(); });  // reset on fork
+    c.join();
+  });
+  started.WaitForNotification();
+  EXPECT_FALSE(ThreadIsRealtimeScheduled(tid));
+  EXPECT_EQ(UseRealtimeSchedulingForThread(tid, 0).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(UseRealtimeSchedulingForThread(tid, 1).ok());
+  EXPECT_TRUE(ThreadIsRealtimeScheduled(tid));
+  EXPECT_FALSE(CurrentThreadIsRealtimeScheduled());  // the caller is unchanged
+  moved.Notify();
+  library.join();
+  EXPECT_TRUE(realtime_inside);
+  EXPECT_FALSE(child);
 }
 
 TEST(ThreadPriorityTest, RealtimeWithoutThePrivilegeIsPermissionDenied) {

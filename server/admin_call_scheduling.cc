@@ -1,6 +1,12 @@
 #include "server/admin_call_scheduling.h"
 
+#include <algorithm>
+#include <string>
+
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/thread_name.h"
 #include "base/thread_priority.h"
 
 namespace handoff::server {
@@ -47,6 +53,34 @@ AdminCallScheduling::Scope AdminCallScheduling::OtherCall() const {
     thread_is_realtime = false;
   }
   return Scope(priority_);
+}
+
+absl::StatusOr<int> AdminCallScheduling::RaiseGrpcCallbackThreads(
+    const std::vector<ThreadInfo>& before, absl::Duration naming_limit) const {
+  if (!enabled()) return 0;
+  absl::flat_hash_set<pid_t> old_ids;
+  for (const ThreadInfo& thread : before) old_ids.insert(thread.id);
+  const std::string creator_name = CurrentThreadName();
+  const absl::Time deadline = absl::Now() + naming_limit;
+  std::vector<ThreadInfo> threads = ListThreads();
+  auto unnamed = [&] {
+    return std::any_of(threads.begin(), threads.end(), [&](const ThreadInfo& t) {
+      return t.name == creator_name && t.id != CurrentThreadId() && !old_ids.contains(t.id);
+    });
+  };
+  while (unnamed() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));  // the new threads have yet to run
+    threads = ListThreads();
+  }
+  int moved = 0;
+  for (const ThreadInfo& thread : threads) {
+    if (thread.name != kGrpcCallbackThreadName) continue;
+    absl::Status s = UseRealtimeSchedulingForThread(thread.id, priority_);
+    if (absl::IsNotFound(s)) continue;  // it ended since it was listed
+    if (!s.ok()) return s;
+    ++moved;
+  }
+  return moved;
 }
 
 }  // namespace handoff::server

@@ -13,10 +13,22 @@
 //     microseconds) runs its handler real-time;
 //   - every other call (writes that wait for a sync, lists, scans, rebuilds, streams)
 //     runs its handler under the normal policy and goes back to SCHED_RR when it ends.
+// A request is not always read by a sync-server thread, though. gRPC's epoll1 engine has
+// one epoll set per process, and every thread waiting on a completion queue may be the
+// one woken to read the next request: the sync server's threads, and gRPC's callback
+// threads ("nexting_thread", the pollers of the queue its callback API uses, which the
+// default health service brings into every server and an external sink's client uses
+// too). Under full ingest a callback thread read ~95 % of the admin calls slower than
+// 1 ms, and at normal priority it waited behind the workers for up to ~5 ms before it
+// handed the call on (perf sched, bench/HISTORY.md 110). RaiseGrpcCallbackThreads puts
+// them under SCHED_RR as well.
+//
 // Invariant: an admin thread is real-time only while it waits for a call or answers a
 // point read (or one of gRPC's own small calls the same threads serve: a health check,
 // a reflection request); no thread a handler starts inherits the policy (it runs normal
-// then, and SCHED_RESET_ON_FORK holds besides).
+// then, and SCHED_RESET_ON_FORK holds besides). gRPC's callback threads are real-time
+// always: they wait for network events and run gRPC's short callbacks (a health check,
+// an external sink's answer taken off the wire), never a handler or a worker.
 //
 // Needs CAP_SYS_NICE (or RLIMIT_RTPRIO): Create checks once, and without it every scope
 // is a no-op and status() says why. Per-thread state is thread-local; the object is
@@ -26,8 +38,12 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "base/thread_name.h"
 
 namespace handoff::server {
 
@@ -66,6 +82,20 @@ class AdminCallScheduling {
   // Enter any other call: the thread runs it under the normal policy, and is real-time
   // again once the scope ends.
   Scope OtherCall() const;
+
+  // The name gRPC gives its callback threads.
+  static constexpr const char kGrpcCallbackThreadName[] = "nexting_thread";
+
+  // Moves every gRPC callback thread of this process under SCHED_RR at this object's
+  // priority (with SCHED_RESET_ON_FORK); the number moved, 0 when disabled. Call on the
+  // thread that started the servers (gRPC starts its callback threads with the first
+  // server or channel that uses its callback API), with the threads listed before they
+  // started: gRPC names a thread from inside it, once it runs, and until then it carries
+  // its creator's name, so this first waits (at most `naming_limit`) until every thread
+  // started since `before` has a name of its own. A thread that ended meanwhile is
+  // skipped.
+  absl::StatusOr<int> RaiseGrpcCallbackThreads(const std::vector<ThreadInfo>& before,
+                                               absl::Duration naming_limit) const;
 
  private:
   AdminCallScheduling(int priority, absl::Status status)

@@ -4,8 +4,12 @@
 #include <sys/resource.h>
 
 #include <thread>
+#include <vector>
 
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/notification.h"
 #include "base/capabilities_for_testing.h"
+#include "base/thread_name.h"
 #include "base/thread_priority.h"
 #include "gtest/gtest.h"
 
@@ -81,6 +85,70 @@ TEST(AdminCallSchedulingTest, AThreadThatOnlyServedOtherCallsWaitsRealtimeAfterw
   });
   EXPECT_FALSE(in_call);
   EXPECT_TRUE(after);
+}
+
+// Stands in for gRPC's callback threads: `count` threads that name themselves as gRPC
+// names them once Name() is called, then wait until the test ends.
+class FakeGrpcCallbackThreads {
+ public:
+  explicit FakeGrpcCallbackThreads(int count) : named_(count), ids_(count) {
+    for (pid_t& id : ids_) {
+      threads_.emplace_back([this, &id] {
+        id = CurrentThreadId();
+        name_.WaitForNotification();
+        EXPECT_TRUE(NameCurrentThread(AdminCallScheduling::kGrpcCallbackThreadName).ok());
+        named_.DecrementCount();
+        done_.WaitForNotification();
+      });
+    }
+  }
+  ~FakeGrpcCallbackThreads() {
+    if (!name_.HasBeenNotified()) name_.Notify();
+    done_.Notify();
+    for (std::thread& t : threads_) t.join();
+  }
+  void Name() { name_.Notify(); }
+  // Their ids, once they have named themselves.
+  const std::vector<pid_t>& ids() {
+    named_.Wait();
+    return ids_;
+  }
+
+ private:
+  absl::Notification name_, done_;
+  absl::BlockingCounter named_;
+  std::vector<pid_t> ids_;
+  std::vector<std::thread> threads_;
+};
+
+TEST(AdminCallSchedulingTest, RaisesGrpcCallbackThreadsOnceTheyAreNamed) {
+  const AdminCallScheduling scheduling = AdminCallScheduling::Create(1);
+  if (!scheduling.enabled()) GTEST_SKIP() << "no SCHED_RR here: " << scheduling.status();
+  const std::vector<ThreadInfo> before = ListThreads();
+  FakeGrpcCallbackThreads callback_threads(2);
+  // Started, they carry this thread's name (the raise thread's too) until they name
+  // themselves, which they do while the raise waits, as gRPC's do once they run.
+  absl::StatusOr<int> moved;
+  std::thread raise(
+      [&] { moved = scheduling.RaiseGrpcCallbackThreads(before, absl::Seconds(60)); });
+  callback_threads.Name();
+  raise.join();
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(*moved, 2);
+  for (pid_t tid : callback_threads.ids()) EXPECT_TRUE(ThreadIsRealtimeScheduled(tid));
+  EXPECT_FALSE(CurrentThreadIsRealtimeScheduled());  // no other thread changed
+}
+
+TEST(AdminCallSchedulingTest, DisabledLeavesGrpcCallbackThreadsNormal) {
+  const std::vector<ThreadInfo> before = ListThreads();
+  FakeGrpcCallbackThreads callback_threads(1);
+  callback_threads.Name();
+  // Disabled, it does not wait for names either: an hour's limit would time the test out.
+  const absl::StatusOr<int> moved =
+      AdminCallScheduling::Create(0).RaiseGrpcCallbackThreads(before, absl::Hours(1));
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(*moved, 0);
+  EXPECT_FALSE(ThreadIsRealtimeScheduled(callback_threads.ids()[0]));
 }
 
 TEST(AdminCallSchedulingTest, WithoutThePrivilegeItIsDisabledAndSaysWhy) {

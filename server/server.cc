@@ -13,10 +13,12 @@
 #include <sstream>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
+#include "base/thread_name.h"
 #include "server/sources_config.h"
 
 namespace handoff::server {
@@ -157,9 +159,19 @@ absl::Status Server::Build() {
   RETURN_IF_ERROR(manager_->Recover());
   RETURN_IF_ERROR(ApplySourcesConfig(declared, manager_.get(), logger_.get()));
 
+  const std::vector<ThreadInfo> threads_before_grpc = ListThreads();
   RETURN_IF_ERROR(StartGrpc());
 
   RETURN_IF_ERROR(StartHealthServer());
+  // gRPC's callback threads, started with the servers, read admin requests too
+  // (admin_call_scheduling.h).
+  const AdminCallScheduling& call_scheduling = admin_service_->call_scheduling();
+  const absl::StatusOr<int> raised =
+      call_scheduling.RaiseGrpcCallbackThreads(threads_before_grpc, absl::Seconds(1));
+  if (!raised.ok()) {
+    logger_->Warning("gRPC's callback threads run at normal priority",
+                     {{"reason", std::string(raised.status().message())}});
+  }
 
   store::Store* store = store_.get();
   auto store_health = [store] { return store->health(); };
@@ -188,7 +200,8 @@ absl::Status Server::Build() {
     });
   }
   logger_->Info("serving", {{"port", absl::StrCat(port_)},
-                            {"admin_threads", admin_service_->call_scheduling().Describe()},
+                            {"admin_threads", call_scheduling.Describe()},
+                            {"grpc_callback_threads_realtime", absl::StrCat(raised.value_or(0))},
                             {"metrics_port", absl::StrCat(metrics_port())},
                             {"tls", options_.tls_cert.empty() ? "off" : "on"},
                             {"mtls", options_.tls_client_ca.empty() ? "off" : "on"},

@@ -10,11 +10,15 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/thread_name.h"
+#include "base/thread_priority.h"
 #include "grpc/health/v1/health.pb.h"
 #include "gtest/gtest.h"
 #include "handoff/v1/consumer_admin.grpc.pb.h"
+#include "server/admin_call_scheduling.h"
 #include "tests/testing/fake_source_manager.h"
 
 namespace handoff::server {
@@ -113,6 +117,23 @@ TEST(ServerTest, ServesAdminHealthAndMetricsThenShutsDownAndReleasesTheStore) {
   // The database was closed: the same data_dir opens again.
   auto again = Server::BuildAndStart(options);
   ASSERT_TRUE(again.ok()) << again.status();
+}
+
+// gRPC's callback threads wait on the same epoll set as the admin threads and read admin
+// requests too (admin_call_scheduling.h): once started, the server has them real-time.
+// Fails if this gRPC stops starting them (or renames them): the admin tail's fix would
+// then find nothing to raise.
+TEST(ServerTest, GrpcCallbackThreadsWaitRealtime) {
+  if (!CheckRealtimeSchedulingAllowed(1).ok()) GTEST_SKIP() << "no SCHED_RR here";
+  ServerOptions options = TestOptions("callback_threads");
+  options.admin_realtime_priority = 1;
+  auto server = Server::BuildAndStart(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::vector<pid_t> callback_threads =
+      ThreadsNamed(AdminCallScheduling::kGrpcCallbackThreadName);
+  EXPECT_FALSE(callback_threads.empty());
+  for (pid_t tid : callback_threads) EXPECT_TRUE(ThreadIsRealtimeScheduled(tid)) << tid;
+  EXPECT_FALSE(CurrentThreadIsRealtimeScheduled());  // the thread that started it is not
 }
 
 TEST(ServerTest, RequiresAnExplicitAuthChoice) {

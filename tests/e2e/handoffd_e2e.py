@@ -222,23 +222,29 @@ SCHED_OTHER, SCHED_RR = 0, 2
 
 def check_admin_threads_realtime(server):
     """The default --admin_realtime_priority=1: after a point read, the gRPC thread that
-    answered waits for the next call under SCHED_RR; without CAP_SYS_NICE, a warning
-    saying why and normal threads."""
+    answered waits for the next call under SCHED_RR, and gRPC's callback threads (which
+    read admin requests too) wait under it from the start; without CAP_SYS_NICE, a
+    warning saying why and normal threads."""
     serving = server.log_entries("serving")
     assert serving, server.log_text()
-    grpc_policies = [p for name, p in server.thread_policies() if name.startswith("grpcpp")]
+    policies = server.thread_policies()
+    grpc_policies = [p for name, p in policies if name.startswith("grpcpp")]
+    callback_policies = [p for name, p in policies if name == "nexting_thread"]
     if serving[0].get("admin_threads") == "SCHED_RR 1":
-        assert SCHED_RR in grpc_policies, server.thread_policies()
-        # Only admin threads: the workers, RocksDB's and the provider's threads stay normal.
-        others = [(n, p) for n, p in server.thread_policies()
-                  if not n.startswith("grpcpp") and p == SCHED_RR]
+        assert SCHED_RR in grpc_policies, policies
+        assert callback_policies and set(callback_policies) == {SCHED_RR}, policies
+        assert serving[0].get("grpc_callback_threads_realtime") == str(len(callback_policies))
+        # Only gRPC's: the workers, RocksDB's and the provider's threads stay normal.
+        others = [(n, p) for n, p in policies
+                  if not (n.startswith("grpcpp") or n == "nexting_thread") and p == SCHED_RR]
         assert not others, others
-        log("ok - admin threads wait for calls under SCHED_RR, no other thread does")
+        log("ok - admin and gRPC callback threads wait under SCHED_RR, no other thread does")
     else:
         assert serving[0].get("admin_threads") == "normal", serving
         warned = server.log_entries("admin calls run at normal priority")
         assert warned and "CAP_SYS_NICE" in warned[0].get("reason", ""), server.log_text()
-        assert SCHED_RR not in grpc_policies, server.thread_policies()
+        assert SCHED_RR not in grpc_policies + callback_policies, policies
+        assert serving[0].get("grpc_callback_threads_realtime") == "0", serving
         log("ok - no CAP_SYS_NICE: admin threads at normal priority, with a warning")
 
 
@@ -367,7 +373,9 @@ def phase_secure(binary, workdir, data_dir, certs):
     server = Handoffd(binary, workdir, "secure", data_dir,
                       tls + ["--auth_tokens_file=" + tokens, "--admin_realtime_priority=0"])
     try:
-        assert server.log_entries("serving")[0].get("admin_threads") == "normal", server.log_text()
+        serving = server.log_entries("serving")[0]
+        assert serving.get("admin_threads") == "normal", server.log_text()
+        assert serving.get("grpc_callback_threads_realtime") == "0", server.log_text()
         creds = grpc.ssl_channel_credentials(root_certificates=read(certs + "/server.pem"))
         channel = grpc.secure_channel(server.target, creds)
         anonymous, reader = Client(channel), Client(channel, READER_TOKEN)

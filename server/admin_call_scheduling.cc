@@ -55,7 +55,7 @@ AdminCallScheduling::Scope AdminCallScheduling::OtherCall() const {
   return Scope(priority_);
 }
 
-absl::StatusOr<int> AdminCallScheduling::RaiseGrpcCallbackThreads(
+absl::StatusOr<int> AdminCallScheduling::RaiseGrpcPollerThreads(
     const std::vector<ThreadInfo>& before, absl::Duration naming_limit) const {
   if (!enabled()) return 0;
   absl::flat_hash_set<pid_t> old_ids;
@@ -74,7 +74,9 @@ absl::StatusOr<int> AdminCallScheduling::RaiseGrpcCallbackThreads(
   }
   int moved = 0;
   for (const ThreadInfo& thread : threads) {
-    if (thread.name != kGrpcCallbackThreadName) continue;
+    if (thread.name != kGrpcCallbackThreadName && thread.name != kGrpcSyncServerThreadName) {
+      continue;
+    }
     absl::Status s = UseRealtimeSchedulingForThread(thread.id, priority_);
     if (absl::IsNotFound(s)) continue;  // it ended since it was listed
     if (!s.ok()) return s;

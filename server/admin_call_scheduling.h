@@ -13,15 +13,19 @@
 //     microseconds) runs its handler real-time;
 //   - every other call (writes that wait for a sync, lists, scans, rebuilds, streams)
 //     runs its handler under the normal policy and goes back to SCHED_RR when it ends.
-// A request is not always read by a sync-server thread, though. gRPC's epoll1 engine has
-// one epoll set per process, and every thread waiting on a completion queue may be the
-// one woken to read the next request: the sync server's threads, and gRPC's callback
-// threads ("nexting_thread", the pollers of the queue its callback API uses, which the
-// default health service brings into every server and an external sink's client uses
-// too). Under full ingest a callback thread read ~95 % of the admin calls slower than
-// 1 ms, and at normal priority it waited behind the workers for up to ~5 ms before it
-// handed the call on (perf sched, bench/HISTORY.md 110). RaiseGrpcCallbackThreads puts
-// them under SCHED_RR as well.
+// A request is not always read by the thread that answers it, though. gRPC's epoll1
+// engine has one epoll set per process, and any thread waiting on a completion queue may
+// be the one woken to read the next request and hand it on: a sync-server thread of
+// either server (the admin port's, the health port's), or one of gRPC's callback threads
+// ("nexting_thread", the pollers of the queue its callback API uses, which the default
+// health service brings into every server and an external sink's client uses too).
+// Under full ingest a callback thread read 49 of the 52 GetProgress calls slower than
+// 1 ms, and at normal priority it waited behind the workers for up to 4.7 ms before it
+// handed the call on (bench/HISTORY.md 110). RaiseGrpcPollerThreads therefore puts every
+// such thread under SCHED_RR once the servers have started. A sync-server thread gRPC
+// starts later (when its pool's only poller takes a call) begins at normal priority and
+// waits real-time once it has answered a point read; the health port's pool serves only
+// reflection calls (health checks run on the callback threads), so it keeps its first.
 //
 // Invariant: an admin thread is real-time only while it waits for a call or answers a
 // point read (or one of gRPC's own small calls the same threads serve: a health check,
@@ -83,19 +87,21 @@ class AdminCallScheduling {
   // again once the scope ends.
   Scope OtherCall() const;
 
-  // The name gRPC gives its callback threads.
+  // The names gRPC gives the threads that wait on its completion queues: its callback
+  // threads and a sync server's pool.
   static constexpr const char kGrpcCallbackThreadName[] = "nexting_thread";
+  static constexpr const char kGrpcSyncServerThreadName[] = "grpcpp_sync_ser";
 
-  // Moves every gRPC callback thread of this process under SCHED_RR at this object's
-  // priority (with SCHED_RESET_ON_FORK); the number moved, 0 when disabled. Call on the
-  // thread that started the servers (gRPC starts its callback threads with the first
-  // server or channel that uses its callback API), with the threads listed before they
-  // started: gRPC names a thread from inside it, once it runs, and until then it carries
-  // its creator's name, so this first waits (at most `naming_limit`) until every thread
-  // started since `before` has a name of its own. A thread that ended meanwhile is
-  // skipped.
-  absl::StatusOr<int> RaiseGrpcCallbackThreads(const std::vector<ThreadInfo>& before,
-                                               absl::Duration naming_limit) const;
+  // Moves every thread of this process with one of those names under SCHED_RR at this
+  // object's priority (with SCHED_RESET_ON_FORK); the number moved, 0 when disabled. Call
+  // on the thread that started the servers, once they have (gRPC starts its callback
+  // threads with the first server or channel that uses its callback API), with the
+  // threads listed before they started: gRPC names a thread from inside it, once it
+  // runs, and until then it carries its creator's name, so this first waits (at most
+  // `naming_limit`) until every thread started since `before` has a name of its own. A
+  // thread that ended meanwhile is skipped.
+  absl::StatusOr<int> RaiseGrpcPollerThreads(const std::vector<ThreadInfo>& before,
+                                             absl::Duration naming_limit) const;
 
  private:
   AdminCallScheduling(int priority, absl::Status status)

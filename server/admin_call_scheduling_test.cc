@@ -3,6 +3,7 @@
 #include <linux/capability.h>
 #include <sys/resource.h>
 
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -87,22 +88,23 @@ TEST(AdminCallSchedulingTest, AThreadThatOnlyServedOtherCallsWaitsRealtimeAfterw
   EXPECT_TRUE(after);
 }
 
-// Stands in for gRPC's callback threads: `count` threads that name themselves as gRPC
-// names them once Name() is called, then wait until the test ends.
-class FakeGrpcCallbackThreads {
+// Stands in for gRPC's polling threads: threads that take the given names once Name() is
+// called (as gRPC's name themselves once they run), then wait until the test ends.
+class FakeGrpcThreads {
  public:
-  explicit FakeGrpcCallbackThreads(int count) : named_(count), ids_(count) {
-    for (pid_t& id : ids_) {
-      threads_.emplace_back([this, &id] {
-        id = CurrentThreadId();
+  explicit FakeGrpcThreads(std::vector<std::string> names)
+      : named_(static_cast<int>(names.size())), ids_(names.size()) {
+    for (size_t i = 0; i < names.size(); ++i) {
+      threads_.emplace_back([this, id = &ids_[i], name = names[i]] {
+        *id = CurrentThreadId();
         name_.WaitForNotification();
-        EXPECT_TRUE(NameCurrentThread(AdminCallScheduling::kGrpcCallbackThreadName).ok());
+        EXPECT_TRUE(NameCurrentThread(name).ok());
         named_.DecrementCount();
         done_.WaitForNotification();
       });
     }
   }
-  ~FakeGrpcCallbackThreads() {
+  ~FakeGrpcThreads() {
     if (!name_.HasBeenNotified()) name_.Notify();
     done_.Notify();
     for (std::thread& t : threads_) t.join();
@@ -121,34 +123,38 @@ class FakeGrpcCallbackThreads {
   std::vector<std::thread> threads_;
 };
 
-TEST(AdminCallSchedulingTest, RaisesGrpcCallbackThreadsOnceTheyAreNamed) {
+TEST(AdminCallSchedulingTest, RaisesGrpcPollersOnceTheyAreNamed) {
   const AdminCallScheduling scheduling = AdminCallScheduling::Create(1);
   if (!scheduling.enabled()) GTEST_SKIP() << "no SCHED_RR here: " << scheduling.status();
   const std::vector<ThreadInfo> before = ListThreads();
-  FakeGrpcCallbackThreads callback_threads(2);
+  FakeGrpcThreads grpc({AdminCallScheduling::kGrpcCallbackThreadName,
+                        AdminCallScheduling::kGrpcCallbackThreadName,
+                        AdminCallScheduling::kGrpcSyncServerThreadName, "grpc_global_tim"});
   // Started, they carry this thread's name (the raise thread's too) until they name
   // themselves, which they do while the raise waits, as gRPC's do once they run.
   absl::StatusOr<int> moved;
   std::thread raise(
-      [&] { moved = scheduling.RaiseGrpcCallbackThreads(before, absl::Seconds(60)); });
-  callback_threads.Name();
+      [&] { moved = scheduling.RaiseGrpcPollerThreads(before, absl::Seconds(60)); });
+  grpc.Name();
   raise.join();
   ASSERT_TRUE(moved.ok()) << moved.status();
-  EXPECT_EQ(*moved, 2);
-  for (pid_t tid : callback_threads.ids()) EXPECT_TRUE(ThreadIsRealtimeScheduled(tid));
-  EXPECT_FALSE(CurrentThreadIsRealtimeScheduled());  // no other thread changed
+  EXPECT_EQ(*moved, 3);
+  const std::vector<pid_t>& ids = grpc.ids();
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(ThreadIsRealtimeScheduled(ids[i])) << i;
+  EXPECT_FALSE(ThreadIsRealtimeScheduled(ids[3]));  // not a poller: a timer thread
+  EXPECT_FALSE(CurrentThreadIsRealtimeScheduled());  // nor the caller
 }
 
-TEST(AdminCallSchedulingTest, DisabledLeavesGrpcCallbackThreadsNormal) {
+TEST(AdminCallSchedulingTest, DisabledLeavesGrpcPollersNormal) {
   const std::vector<ThreadInfo> before = ListThreads();
-  FakeGrpcCallbackThreads callback_threads(1);
-  callback_threads.Name();
+  FakeGrpcThreads grpc({AdminCallScheduling::kGrpcCallbackThreadName});
+  grpc.Name();
   // Disabled, it does not wait for names either: an hour's limit would time the test out.
   const absl::StatusOr<int> moved =
-      AdminCallScheduling::Create(0).RaiseGrpcCallbackThreads(before, absl::Hours(1));
+      AdminCallScheduling::Create(0).RaiseGrpcPollerThreads(before, absl::Hours(1));
   ASSERT_TRUE(moved.ok()) << moved.status();
   EXPECT_EQ(*moved, 0);
-  EXPECT_FALSE(ThreadIsRealtimeScheduled(callback_threads.ids()[0]));
+  EXPECT_FALSE(ThreadIsRealtimeScheduled(grpc.ids()[0]));
 }
 
 TEST(AdminCallSchedulingTest, WithoutThePrivilegeItIsDisabledAndSaysWhy) {

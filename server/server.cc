@@ -163,13 +163,13 @@ absl::Status Server::Build() {
   RETURN_IF_ERROR(StartGrpc());
 
   RETURN_IF_ERROR(StartHealthServer());
-  // gRPC's callback threads, started with the servers, read admin requests too
-  // (admin_call_scheduling.h).
+  // Every gRPC thread that waits for network events may read an admin request, not only
+  // the one that answers it (admin_call_scheduling.h).
   const AdminCallScheduling& call_scheduling = admin_service_->call_scheduling();
   const absl::StatusOr<int> raised =
-      call_scheduling.RaiseGrpcCallbackThreads(threads_before_grpc, absl::Seconds(1));
+      call_scheduling.RaiseGrpcPollerThreads(threads_before_grpc, absl::Seconds(1));
   if (!raised.ok()) {
-    logger_->Warning("gRPC's callback threads run at normal priority",
+    logger_->Warning("gRPC's polling threads run at normal priority",
                      {{"reason", std::string(raised.status().message())}});
   }
 
@@ -201,7 +201,7 @@ absl::Status Server::Build() {
   }
   logger_->Info("serving", {{"port", absl::StrCat(port_)},
                             {"admin_threads", call_scheduling.Describe()},
-                            {"grpc_callback_threads_realtime", absl::StrCat(raised.value_or(0))},
+                            {"grpc_pollers_realtime", absl::StrCat(raised.value_or(0))},
                             {"metrics_port", absl::StrCat(metrics_port())},
                             {"tls", options_.tls_cert.empty() ? "off" : "on"},
                             {"mtls", options_.tls_client_ca.empty() ? "off" : "on"},

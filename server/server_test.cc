@@ -119,20 +119,25 @@ TEST(ServerTest, ServesAdminHealthAndMetricsThenShutsDownAndReleasesTheStore) {
   ASSERT_TRUE(again.ok()) << again.status();
 }
 
-// gRPC's callback threads wait on the same epoll set as the admin threads and read admin
-// requests too (admin_call_scheduling.h): once started, the server has them real-time.
-// Fails if this gRPC stops starting them (or renames them): the admin tail's fix would
-// then find nothing to raise.
-TEST(ServerTest, GrpcCallbackThreadsWaitRealtime) {
+// Every gRPC thread that waits for network events may read an admin request
+// (admin_call_scheduling.h): once started, the server has them all real-time, the
+// health port's included. Fails if this gRPC stops starting callback threads (or renames
+// its threads): the admin tail's fix would then find nothing to raise.
+TEST(ServerTest, GrpcPollerThreadsWaitRealtime) {
   if (!CheckRealtimeSchedulingAllowed(1).ok()) GTEST_SKIP() << "no SCHED_RR here";
-  ServerOptions options = TestOptions("callback_threads");
+  ServerOptions options = TestOptions("poller_threads");
   options.admin_realtime_priority = 1;
+  options.health_listen = "127.0.0.1:0";
   auto server = Server::BuildAndStart(options);
   ASSERT_TRUE(server.ok()) << server.status();
   const std::vector<pid_t> callback_threads =
       ThreadsNamed(AdminCallScheduling::kGrpcCallbackThreadName);
+  const std::vector<pid_t> sync_threads =
+      ThreadsNamed(AdminCallScheduling::kGrpcSyncServerThreadName);
   EXPECT_FALSE(callback_threads.empty());
+  EXPECT_GE(sync_threads.size(), 2u);  // one pool per server
   for (pid_t tid : callback_threads) EXPECT_TRUE(ThreadIsRealtimeScheduled(tid)) << tid;
+  for (pid_t tid : sync_threads) EXPECT_TRUE(ThreadIsRealtimeScheduled(tid)) << tid;
   EXPECT_FALSE(CurrentThreadIsRealtimeScheduled());  // the thread that started it is not
 }
 

@@ -11,6 +11,7 @@
 #include <system_error>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace handoff {
@@ -55,7 +56,7 @@ std::vector<ThreadInfo> ListThreads() {
     ThreadInfo thread;
     // A thread that ended since the listing has no name left to read.
     if (!std::getline(comm, thread.name)) continue;
-    thread.id = static_cast<pid_t>(std::stol(it->path().filename().string()));
+    if (!absl::SimpleAtoi(it->path().filename().string(), &thread.id)) continue;
     threads.push_back(std::move(thread));
   }
   return threads;

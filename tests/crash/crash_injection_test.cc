@@ -28,7 +28,9 @@ void ExpectSinkExactlyOnce(Harness& h) {
     ASSERT_FALSE(keys.empty()) << pos.DebugString() << " never delivered";
     const std::string expected = absl::StrCat(h.id(), "/", hash, "/", pos.log_index);
     for (const std::string& k : keys) {
-      if (k.find(hash) != std::string::npos) EXPECT_EQ(k, expected);
+      if (k.find(hash) != std::string::npos) {
+        EXPECT_EQ(k, expected);
+      }
     }
     EXPECT_EQ(h.sink().effects(expected), 1) << pos.DebugString();
   }

@@ -60,12 +60,13 @@ absl::StatusOr<int> AdminCallScheduling::RaiseGrpcPollerThreads(
   if (!enabled()) return 0;
   absl::flat_hash_set<pid_t> old_ids;
   for (const ThreadInfo& thread : before) old_ids.insert(thread.id);
+  old_ids.insert(CurrentThreadId());  // the caller carries its own name
   const std::string creator_name = CurrentThreadName();
   const absl::Time deadline = absl::Now() + naming_limit;
   std::vector<ThreadInfo> threads = ListThreads();
   auto unnamed = [&] {
     return std::any_of(threads.begin(), threads.end(), [&](const ThreadInfo& t) {
-      return t.name == creator_name && t.id != CurrentThreadId() && !old_ids.contains(t.id);
+      return t.name == creator_name && !old_ids.contains(t.id);
     });
   };
   while (unnamed() && absl::Now() < deadline) {

@@ -207,6 +207,7 @@ def check_metrics(server, source_id):
 def check_storage_flags(binary, workdir, data_dir):
     for flag, message in (("--write_buffer_mb=2", "--write_buffer_mb=2 is outside 4..1024"),
                           ("--block_cache_mb=0", "--block_cache_mb=0 is outside 8..65536"),
+                          ("--wal_sync_interval=1s", "--wal_sync_interval=1s is outside 0..100ms"),
                           ("--max_pages_in_flight=0",
                            "--max_pages_in_flight=0 is outside 1..4096"),
                           ("--admin_realtime_priority=100",

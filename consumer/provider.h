@@ -81,9 +81,10 @@ class Provider {
   virtual FetchResult Fetch(const std::string& committed_cursor) = 0;
 
   // True when Fetch(committed_cursor) would not wait for news upstream: its page (or
-  // refusal) is here, or its request is already out and answers within one exchange.
-  // The worker publishes its last page before a Fetch that could wait longer (an SSE
-  // stream at the head waits for the next block). False when unsure.
+  // refusal) is here, or its request (out already, or a poll sent now) answers within
+  // one exchange. The worker publishes its last page before a Fetch that could wait
+  // longer (an SSE stream at the head waits for the next block); before one that would
+  // not, the page's sync overlaps the fetch. False when unsure.
   virtual bool Ready(const std::string& committed_cursor) { return false; }
 
   // Unblocks a Fetch in progress (it returns kCancelled) and makes later Fetches return

@@ -549,7 +549,11 @@ FetchResult HttpProvider::PollWith(CurlSession* session, const std::string& curs
 bool HttpProvider::Ready(const std::string& committed_cursor) {
   if (cancelled_.load()) return true;
   if (options_.transport != handoff::v1::TRANSPORT_SSE) {
-    if (!prefetch_.busy()) return false;
+    // The provider answers a poll at once (it never holds one open for news), so with no
+    // prefetch running Fetch sends its poll now: one exchange, after the wait for a page
+    // slot that other sources' pages free as they are committed. A prefetch running is
+    // only as good if it fetches (or fetched) this cursor's page.
+    if (!prefetch_.busy()) return true;
     absl::MutexLock lock(&prefetch_mu_);
     return (!prefetched_.empty() && prefetched_.front().cursor == committed_cursor) ||
            (prefetched_.empty() && fetching_cursor_ == committed_cursor);

@@ -132,9 +132,10 @@ class HttpProvider : public Provider {
   ~HttpProvider() override;
 
   FetchResult Fetch(const std::string& committed_cursor) override;
-  // Polling: the prefetch of `committed_cursor` has finished or is in flight (one
-  // exchange, bounded by the request timeouts). SSE: the stream continues from it and a
-  // page or refusal is buffered. Called on the Fetch thread.
+  // Polling: no prefetch runs (Fetch polls now: one exchange, bounded by the request
+  // timeouts, after a page slot's wait), or the prefetch of `committed_cursor` has
+  // finished or is in flight. SSE: the stream continues from it and a page or refusal
+  // is buffered. Called on the Fetch thread.
   bool Ready(const std::string& committed_cursor) override;
   void Cancel() override;
   void Close() override;

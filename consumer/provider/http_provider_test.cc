@@ -422,19 +422,20 @@ TEST_F(HttpProviderTest, ReadyTellsWhetherAFetchWouldReturnAtOnce) {
     while (!p->Ready(cursor) && absl::Now() < deadline) std::this_thread::yield();
     return p->Ready(cursor);
   };
-  // Polling: ready once the prefetch of the committed next is out (one exchange).
+  // Polling: the provider answers a poll at once, so a Fetch is one exchange away
+  // unless a prefetch of another cursor runs (it would be stopped first).
   auto poll = Make(Options(handoff::v1::TRANSPORT_POLL));
-  EXPECT_FALSE(poll->Ready("0"));  // nothing prefetched: a request would go out
+  EXPECT_TRUE(poll->Ready("0"));  // nothing prefetched: the poll goes out now
   Page first = ExpectPage(poll->Fetch("0"));
   ASSERT_NE(first.next, "0");
   EXPECT_TRUE(until_ready(poll.get(), first.next));
-  EXPECT_FALSE(poll->Ready("0"));  // not what was prefetched
+  EXPECT_FALSE(poll->Ready("0"));  // a prefetch of another cursor runs
   EXPECT_FALSE(ExpectPage(poll->Fetch(first.next)).items.empty());
   HttpProviderOptions plain_options = Options(handoff::v1::TRANSPORT_POLL);
   plain_options.poll_prefetch = false;
   auto plain = Make(std::move(plain_options));
   Page plain_first = ExpectPage(plain->Fetch("0"));
-  EXPECT_FALSE(plain->Ready(plain_first.next));
+  EXPECT_TRUE(plain->Ready(plain_first.next));
 
   // SSE: ready once the stream from that cursor has buffered the next page.
   auto stream = Make(Options(handoff::v1::TRANSPORT_SSE));

@@ -32,16 +32,12 @@ void PageSlot::Release() {
   budget->Return(std::move(buffer_));
 }
 
-// One caller waiting in Acquire: ready when its ticket is first and a slot is free, or
-// when it was cancelled. Evaluated by whichever thread unlocks the budget's mutex.
+// One caller waiting in Acquire, woken by its own condition variable: only the first in
+// line is signalled when a slot frees, so an unlock of the budget's lock costs the same
+// however many callers wait (an absl::Condition per waiter was evaluated by every
+// unlocking thread, for every waiter: consumer/page_budget_bench).
 struct PageBudget::Waiter {
-  const PageBudget* budget;
-  uint64_t ticket;
-  absl::FunctionRef<bool()> cancelled;
-
-  bool Ready() const ABSL_NO_THREAD_SAFETY_ANALYSIS {  // called with budget->mu_ held
-    return (budget->queue_.front() == ticket && budget->Free()) || cancelled();
-  }
+  absl::CondVar wake;
 };
 
 PageBudget::PageBudget(size_t slots) : slots_(slots), max_idle_buffers_(std::max<size_t>(slots, 2)) {}
@@ -59,15 +55,20 @@ PageSlot PageBudget::Grant() {
 std::optional<PageSlot> PageBudget::Acquire(absl::FunctionRef<bool()> cancelled) {
   absl::MutexLock lock(&mu_);
   if (queue_.empty() && Free()) return Grant();
-  const Waiter waiter{this, next_ticket_++, cancelled};
-  queue_.push_back(waiter.ticket);
-  mu_.Await(absl::Condition(&waiter, &Waiter::Ready));
-  const bool granted = queue_.front() == waiter.ticket && Free();
-  queue_.erase(std::find(queue_.begin(), queue_.end(), waiter.ticket));
-  // Granted even if also cancelled: the caller releases it; a slot left unused by a
-  // cancelled first waiter would otherwise need a wake-up of the next one anyway.
-  if (granted) return Grant();
-  return std::nullopt;
+  Waiter waiter;
+  queue_.push_back(&waiter);
+  auto served = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return queue_.front() == &waiter && Free();
+  };
+  while (!served() && !cancelled()) waiter.wake.Wait(&mu_);
+  // Granted even if also cancelled: the caller releases it.
+  std::optional<PageSlot> slot;
+  if (served()) slot = Grant();
+  queue_.erase(std::find(queue_.begin(), queue_.end(), &waiter));
+  // The next in line may be served now: it became first, or a cancelled first waiter
+  // left a free slot behind.
+  WakeFirstLocked();
+  return slot;
 }
 
 std::optional<PageSlot> PageBudget::TryAcquire() {
@@ -77,14 +78,19 @@ std::optional<PageSlot> PageBudget::TryAcquire() {
 }
 
 void PageBudget::WakeWaiters() {
-  // Unlocking makes absl::Mutex evaluate the waiters' conditions.
   absl::MutexLock lock(&mu_);
+  for (Waiter* waiter : queue_) waiter->wake.Signal();
+}
+
+void PageBudget::WakeFirstLocked() {
+  if (!queue_.empty() && Free()) queue_.front()->wake.Signal();
 }
 
 void PageBudget::Return(std::unique_ptr<std::string> buffer) {
   absl::MutexLock lock(&mu_);
   --held_;
   KeepBufferLocked(std::move(buffer));
+  WakeFirstLocked();
 }
 
 void PageBudget::KeepBuffer(std::unique_ptr<std::string> buffer) {

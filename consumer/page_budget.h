@@ -85,8 +85,8 @@ class PageBudget : public std::enable_shared_from_this<PageBudget> {
   PageBudget& operator=(const PageBudget&) = delete;
 
   // Waits, in arrival order, for a free slot. nullopt once `cancelled()` returns true;
-  // `cancelled` is evaluated under the budget's lock, by any thread, so it must only read
-  // atomics; whoever makes it true must call WakeWaiters() after.
+  // `cancelled` is evaluated by the waiting thread under the budget's lock, so it must
+  // only read atomics; whoever makes it true must call WakeWaiters() after.
   std::optional<PageSlot> Acquire(absl::FunctionRef<bool()> cancelled) ABSL_LOCKS_EXCLUDED(mu_);
   // A slot if one is free and nobody waits for one; else nullopt, at once.
   std::optional<PageSlot> TryAcquire() ABSL_LOCKS_EXCLUDED(mu_);
@@ -110,6 +110,8 @@ class PageBudget : public std::enable_shared_from_this<PageBudget> {
 
   bool Free() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return slots_ == 0 || held_ < slots_; }
   PageSlot Grant() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Signals the first waiter if a slot is free for it.
+  void WakeFirstLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Return(std::unique_ptr<std::string> buffer) ABSL_LOCKS_EXCLUDED(mu_);
   void KeepBuffer(std::unique_ptr<std::string> buffer) ABSL_LOCKS_EXCLUDED(mu_);
   void KeepBufferLocked(std::unique_ptr<std::string> buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -120,9 +122,9 @@ class PageBudget : public std::enable_shared_from_this<PageBudget> {
   mutable absl::Mutex mu_;
   size_t held_ ABSL_GUARDED_BY(mu_) = 0;
   size_t peak_held_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 0;
-  // Tickets of the callers waiting in Acquire, oldest first.
-  std::deque<uint64_t> queue_ ABSL_GUARDED_BY(mu_);
+  // The callers waiting in Acquire, oldest first (each Waiter lives on its caller's
+  // stack until it leaves the queue).
+  std::deque<Waiter*> queue_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<std::string>> idle_buffers_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -161,6 +161,38 @@ TEST(PageBudgetTest, ACancelledWaiterLeavesTheQueueAndTheNextIsServed) {
   EXPECT_TRUE(second_done.HasBeenNotified());
 }
 
+// Only a waiter looks at its own cancellation, on its own thread: the threads that take
+// and give back slots and buffers do no work per waiting caller (with an absl::Condition
+// per waiter, every unlock evaluated every waiter's: consumer/page_budget_bench).
+TEST(PageBudgetTest, OthersUsingTheBudgetDoNoWorkForItsWaiters) {
+  std::shared_ptr<PageBudget> budget = PageBudget::Create(1);
+  std::optional<PageSlot> holder = budget->TryAcquire();
+  ASSERT_TRUE(holder.has_value());
+  std::atomic<int> evaluated_elsewhere{0};
+  std::atomic<bool> cancel{false};
+  std::thread::id waiter_id;
+  absl::Notification waiter_started;
+  std::thread waiter([&] {
+    waiter_id = std::this_thread::get_id();
+    waiter_started.Notify();
+    budget->Acquire([&] {
+      if (std::this_thread::get_id() != waiter_id) evaluated_elsewhere.fetch_add(1);
+      return cancel.load();
+    });
+  });
+  waiter_started.WaitForNotification();
+  AwaitWaiting(*budget, 1);
+  for (int i = 0; i < 100; ++i) {
+    holder->buffer();
+    holder->ReturnBuffer();
+    EXPECT_FALSE(budget->TryAcquire().has_value());
+  }
+  cancel.store(true);
+  budget->WakeWaiters();
+  waiter.join();
+  EXPECT_EQ(evaluated_elsewhere.load(), 0);
+}
+
 TEST(PageBudgetTest, ASlotKeepsItsBudgetAlive) {
   std::optional<PageSlot> slot;
   {

@@ -29,7 +29,6 @@
 #define HANDOFF_CONSUMER_PAGE_BUDGET_H_
 
 #include <cstddef>
-#include <cstdint>
 #include <deque>
 #include <memory>
 #include <optional>

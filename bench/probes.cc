@@ -274,6 +274,7 @@ class CountingProvider final : public consumer::Provider {
   void Cancel() override { inner_->Cancel(); }
   void Close() override { inner_->Close(); }
   void DropReadAhead() override { inner_->DropReadAhead(); }
+  bool PolledPerFetch() const override { return inner_->PolledPerFetch(); }
 
  private:
   std::unique_ptr<consumer::Provider> inner_;

@@ -100,6 +100,11 @@ class Provider {
   // (an operator's hold, a retry), and those pages would hold PageBudget slots that
   // other sources need. Called on the Fetch thread. The next Fetch asks again.
   virtual void DropReadAhead() {}
+
+  // True when each Fetch asks the provider anew (polling), so that any thread may make a
+  // caught-up source's next Fetch while its worker waits (IdlePoller); false for a
+  // stream, whose next page arrives on a connection it holds open.
+  virtual bool PolledPerFetch() const { return false; }
 };
 
 }  // namespace handoff::consumer

@@ -69,6 +69,13 @@ SourceManagerImpl::SourceManagerImpl(SourceManagerOptions options)
 
 SourceManagerImpl::~SourceManagerImpl() { Shutdown(); }
 
+IdlePoller* SourceManagerImpl::IdlePollerFor(const std::string& provider_url) {
+  absl::MutexLock lock(&pollers_mu_);
+  std::unique_ptr<IdlePoller>& poller = idle_pollers_[provider_url];
+  if (poller == nullptr) poller = std::make_unique<IdlePoller>(options_.worker.thread_nice);
+  return poller.get();
+}
+
 absl::Status SourceManagerImpl::CheckOpen() const {
   absl::MutexLock lock(const_cast<absl::Mutex*>(&mu_));
   if (shut_down_) return absl::UnavailableError("the server is shutting down");
@@ -218,6 +225,9 @@ absl::Status SourceManagerImpl::StartLocked(const handoff::v1::Source& source) {
   parts.deleter = &deleter_;
   parts.persist_halt = [this](const handoff::v1::Progress& p) { PersistHalt(p); };
   ASSIGN_OR_RETURN(parts.provider, options_.factories.provider(source.spec()));
+  if (parts.provider->PolledPerFetch()) {
+    parts.idle_poller = IdlePollerFor(source.spec().provider_url());
+  }
   if (source.spec().sink().has_downstream()) {
     if (!options_.factories.external_sink) {
       return absl::FailedPreconditionError("no EventSink client is configured in this server");

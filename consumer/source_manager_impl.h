@@ -20,6 +20,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "consumer/deferred_deleter.h"
+#include "consumer/idle_poller.h"
 #include "consumer/keyed_mutex.h"
 #include "consumer/progress_board.h"
 #include "consumer/source_manager.h"
@@ -78,6 +79,8 @@ class SourceManagerImpl final : public SourceManager {
                                bool latest);
   void PersistHalt(const handoff::v1::Progress& progress);
   absl::Status CheckOpen() const;
+  // The IdlePoller of the sources polling `provider_url` (created at the first).
+  IdlePoller* IdlePollerFor(const std::string& provider_url) ABSL_LOCKS_EXCLUDED(pollers_mu_);
   // Holds or quarantine records; returns the next page token.
   template <typename Record, typename AddFn>
   absl::StatusOr<std::string> ListStaged(store::StagedFamily family, const std::string& source_id,
@@ -90,6 +93,13 @@ class SourceManagerImpl final : public SourceManager {
   // Destroys the workers' finished pages off their ingest threads; declared before
   // workers_ so it outlives them. Four pending pages at most (see the memory formula).
   DeferredDeleter deleter_;
+  // Polls the caught-up polling sources (idle_poller.h): one IdlePoller, one thread, per
+  // provider URL, so that a provider that stops answering delays only its own sources'
+  // polls. Created at the first polling source of a URL, kept until the manager goes;
+  // declared before workers_ so they outlive them.
+  absl::Mutex pollers_mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<IdlePoller>> idle_pollers_
+      ABSL_GUARDED_BY(pollers_mu_);
 
   absl::Mutex ops_mu_ ABSL_ACQUIRED_BEFORE(create_mu_, mu_);
   absl::Mutex create_mu_ ABSL_ACQUIRED_BEFORE(mu_);

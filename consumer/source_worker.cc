@@ -191,6 +191,34 @@ SourceWorker::Wake SourceWorker::WaitUntil(absl::Time deadline, bool* poked_flag
   }
 }
 
+std::optional<FetchResult> SourceWorker::AwaitNews(const std::string& cursor,
+                                                   Backoff* idle_backoff, absl::Time at) {
+  ParkedPoll parked;
+  parked.provider = parts_.provider.get();
+  parked.cursor = cursor;
+  parked.backoff = idle_backoff;
+  parked.at = at;
+  // Later polls move retry_at only, as the worker's own would.
+  parked.on_nothing_new = [this](absl::Time next) {
+    SetState(handoff::v1::SOURCE_STATE_BACKING_OFF, kNoNewEvents, next);
+  };
+  parked.on_result = [this](FetchResult r) {
+    absl::MutexLock lock(&mu_);
+    news_ = std::move(r);
+    news_ready_ = true;
+    cv_.SignalAll();
+  };
+  parts_.idle_poller->Park(&parked);
+  const Wake wake = WaitUntil(absl::InfiniteFuture(), &news_ready_);
+  parts_.idle_poller->Unpark(&parked);  // after it, on_result cannot run
+  absl::MutexLock lock(&mu_);
+  news_ready_ = false;
+  std::optional<FetchResult> out = std::move(news_);
+  news_.reset();
+  if (wake == Wake::kStopped) return std::nullopt;
+  return out;
+}
+
 void SourceWorker::SetState(handoff::v1::SourceState state, const std::string& reason,
                             absl::Time retry_at) {
   bool changed = true;
@@ -421,6 +449,9 @@ void SourceWorker::IngestLoop() {
   std::optional<store::CheckpointRecord> unchanged;
   // The same for every page of this run (the spec and parts do not change while it runs).
   const AttemptConfig config = MakeConfig(store::Stage::kIngest);
+  // The first poll after a caught-up wait that found more than nothing new, made by
+  // the IdlePoller at the checkpoint's cursor: handled here as if fetched below.
+  std::optional<FetchResult> news;
   while (!stopping()) {
     absl::StatusOr<store::CheckpointRecord> cp =
         unchanged.has_value() ? absl::StatusOr<store::CheckpointRecord>(*std::move(unchanged))
@@ -449,7 +480,9 @@ void SourceWorker::IngestLoop() {
         !SettleOrHalt(parts_.provider->Ready(cp->resume_cursor()) ? unsynced_.size() : 0)) {
       break;
     }
-    FetchResult fetched = parts_.provider->Fetch(cp->resume_cursor());
+    FetchResult fetched = news.has_value() ? *std::move(news)
+                                           : parts_.provider->Fetch(cp->resume_cursor());
+    news.reset();
     if (stopping()) break;
     if (fetched.refusal.has_value()) {
       const Refusal& f = *fetched.refusal;
@@ -526,8 +559,13 @@ void SourceWorker::IngestLoop() {
       // poll changes the state (and is logged); later ones move retry_at.
       const absl::Time at = idle_backoff.NextDeadline(absl::Now());
       SetState(handoff::v1::SOURCE_STATE_BACKING_OFF, kNoNewEvents, at);
-      bool unused = false;
-      if (WaitUntil(at, &unused) == Wake::kStopped) break;
+      if (parts_.idle_poller != nullptr && parts_.provider->PolledPerFetch()) {
+        news = AwaitNews(unchanged->resume_cursor(), &idle_backoff, at);
+        if (!news.has_value()) break;  // stopping
+      } else {
+        bool unused = false;
+        if (WaitUntil(at, &unused) == Wake::kStopped) break;
+      }
       idle = true;
       continue;
     }

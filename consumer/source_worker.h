@@ -6,7 +6,10 @@
 // States (handoff.v1.SourceState): STARTING -> RUNNING <-> BACKING_OFF /
 // BLOCKED_ON_HOLD, then STOPPED, or a halted state (RESYNC_REQUIRED, FUNDING_REQUIRED,
 // AUTH_FAILED, CONFIG_INVALID, PROTOCOL_VIOLATION, STORAGE_FAILED) in which the threads
-// have exited. A waiting worker blocks on a condition variable: no CPU.
+// have exited. A waiting worker blocks on a condition variable: no CPU. A caught-up
+// source with a polled provider hands its polls to Parts::idle_poller and waits untimed
+// until one finds more than nothing new, which the ingest loop then handles as a page
+// it fetched itself (its thread sleeps through every idle poll).
 //
 // Shutdown order (RequestStop, then Join): set the stop flag; cancel the provider and
 // the sink so that blocking I/O returns at once; wake waits; each thread leaves at its
@@ -45,6 +48,7 @@
 #include "absl/time/time.h"
 #include "consumer/backoff.h"
 #include "consumer/deferred_deleter.h"
+#include "consumer/idle_poller.h"
 #include "consumer/observer.h"
 #include "consumer/page_attempt.h"
 #include "consumer/progress_board.h"
@@ -127,6 +131,10 @@ class SourceWorker {
     // Finished page attempts are destroyed here, off the ingest thread; may be null
     // (destroyed inline). Not owned; must outlive the worker.
     DeferredDeleter* deleter = nullptr;
+    // Makes the polls of this source while it is caught up, if its provider is polled
+    // (Provider::PolledPerFetch); may be null (the worker polls on its own thread). Not
+    // owned; must outlive the worker.
+    IdlePoller* idle_poller = nullptr;
     // Persists a halt (state, reason, funding action) so it survives restarts.
     std::function<void(const handoff::v1::Progress&)> persist_halt;
   };
@@ -153,6 +161,11 @@ class SourceWorker {
   enum class Wake { kDeadline, kPoked, kStopped };
 
   void IngestLoop();
+  // Parks this caught-up source with parts_.idle_poller, its next poll due at `at`, and
+  // waits (untimed) for the first poll that finds more than nothing new after `cursor`.
+  // Returns that result, or nullopt once the worker is stopping.
+  std::optional<FetchResult> AwaitNews(const std::string& cursor, Backoff* idle_backoff,
+                                       absl::Time at) ABSL_LOCKS_EXCLUDED(mu_);
   void DeliveryLoop();
   // Fills *rows (empty on entry) with the outbox entries in [from, to], decoded and in
   // order, at most `limit` of them, in rows recycled from RowPool. kDataLoss for an
@@ -235,6 +248,9 @@ class SourceWorker {
   absl::CondVar cv_;
   bool ingest_poked_ ABSL_GUARDED_BY(mu_) = false;
   bool delivery_poked_ ABSL_GUARDED_BY(mu_) = false;
+  // What the IdlePoller handed back to a parked ingest loop (AwaitNews).
+  bool news_ready_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<FetchResult> news_ ABSL_GUARDED_BY(mu_);
   std::optional<store::CheckpointRecord> published_ingest_ ABSL_GUARDED_BY(mu_);
   int running_threads_ ABSL_GUARDED_BY(mu_) = 0;
   bool started_ ABSL_GUARDED_BY(mu_) = false;

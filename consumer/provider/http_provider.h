@@ -142,6 +142,9 @@ class HttpProvider : public Provider {
   // Polling: ends a prefetch in flight and drops its page. SSE: closes the stream and
   // drops the buffered pages (the next Fetch reconnects from its cursor).
   void DropReadAhead() override;
+  bool PolledPerFetch() const override {
+    return options_.transport != handoff::v1::TRANSPORT_SSE;
+  }
 
  private:
   struct StreamItem {

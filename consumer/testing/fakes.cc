@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "absl/strings/numbers.h"
+#include "base/thread_name.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -65,6 +66,7 @@ FetchResult FakeProvider::Fetch(const std::string& cursor) {
   }
   absl::MutexLock lock(&mu_);
   requested_.push_back(cursor);
+  fetch_threads_.push_back(CurrentThreadName());
   auto rit = refusals_.find(cursor);
   if (rit != refusals_.end() && rit->second.second > 0) {
     --rit->second.second;
@@ -96,6 +98,11 @@ int FakeProvider::fetches() const {
 std::vector<std::string> FakeProvider::requested() const {
   absl::MutexLock lock(&mu_);
   return requested_;
+}
+
+std::vector<std::string> FakeProvider::fetch_threads() const {
+  absl::MutexLock lock(&mu_);
+  return fetch_threads_;
 }
 
 void FakeSink::SetScript(Script script) {

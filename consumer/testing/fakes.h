@@ -43,9 +43,14 @@ class FakeProvider : public Provider {
   void Cancel() override { cancelled_.store(true); }
   void Close() override {}
   void DropReadAhead() override { read_ahead_drops_.fetch_add(1); }
+  // Each Fetch is answered anew, as a polled provider's: a caught-up source's polls go
+  // through the manager's IdlePoller.
+  bool PolledPerFetch() const override { return true; }
   int read_ahead_drops() const { return read_ahead_drops_.load(); }
   int fetches() const ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<std::string> requested() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The name of the thread that made each Fetch, in order (base/thread_name.h).
+  std::vector<std::string> fetch_threads() const ABSL_LOCKS_EXCLUDED(mu_);
   // Pages fetched from now on carry a slot of `budget` when one is free (as the
   // production adapter's do; it would wait for one).
   void set_page_budget(std::shared_ptr<PageBudget> budget) ABSL_LOCKS_EXCLUDED(mu_);
@@ -56,6 +61,7 @@ class FakeProvider : public Provider {
   std::map<std::string, Page> pages_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::pair<Refusal, int>> refusals_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> requested_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> fetch_threads_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> cancelled_{false};
   std::atomic<int> read_ahead_drops_{0};
 };
@@ -73,6 +79,7 @@ class ForwardingProvider : public Provider {
   void Cancel() override { cancelled_.store(true); }
   void Close() override {}
   void DropReadAhead() override { target_->DropReadAhead(); }
+  bool PolledPerFetch() const override { return target_->PolledPerFetch(); }
 
  private:
   Provider* const target_;

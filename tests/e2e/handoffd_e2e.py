@@ -102,6 +102,12 @@ class Handoffd(procs.Handoffd):
         return [json.loads(line) for line in self.log_text().splitlines()
                 if '"%s"' % msg in line]
 
+    def serving_entry(self):
+        """The "serving" log line. The port file the start waited for is written just
+        before it, so the line may come a moment after."""
+        return wait_until(self.name + " serving log line",
+                          lambda: self.log_entries("serving"))[0]
+
 
 class Client:
     def __init__(self, channel, token=None):
@@ -226,8 +232,7 @@ def check_admin_threads_realtime(server):
     answered waits for the next call under SCHED_RR, and every gRPC thread that waits for
     network events (its callback threads read admin requests too) waits under it from
     the start; without CAP_SYS_NICE, a warning saying why and normal threads."""
-    serving = server.log_entries("serving")
-    assert serving, server.log_text()
+    serving = [server.serving_entry()]
     policies = server.thread_policies()
     grpc_policies = [p for name, p in policies if name.startswith("grpcpp")]
     callback_policies = [p for name, p in policies if name == "nexting_thread"]
@@ -376,7 +381,7 @@ def phase_secure(binary, workdir, data_dir, certs):
     server = Handoffd(binary, workdir, "secure", data_dir,
                       tls + ["--auth_tokens_file=" + tokens, "--admin_realtime_priority=0"])
     try:
-        serving = server.log_entries("serving")[0]
+        serving = server.serving_entry()
         assert serving.get("admin_threads") == "normal", server.log_text()
         assert serving.get("grpc_pollers_realtime") == "0", server.log_text()
         creds = grpc.ssl_channel_credentials(root_certificates=read(certs + "/server.pem"))

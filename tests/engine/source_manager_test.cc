@@ -3,6 +3,8 @@
 // workers that use no CPU.
 #include <sys/resource.h>
 
+#include <algorithm>
+
 #include <atomic>
 #include <map>
 #include <memory>
@@ -407,6 +409,55 @@ TEST_F(ManagerTest, ACaughtUpSourceReportsOneStateChangeNotTwoPerEmptyPoll) {
   ASSERT_EQ(after.size(), 5u);
   EXPECT_EQ(after[3], handoff::v1::SOURCE_STATE_RUNNING);
   EXPECT_EQ(after[4], handoff::v1::SOURCE_STATE_BACKING_OFF);
+  manager_->Shutdown();
+}
+
+// A caught-up polling source hands its polls to the manager's shared IdlePoller thread
+// and its own worker thread sleeps through them; news found by that thread's poll are
+// applied by the worker as its own page; a stop ends a parked source at once.
+TEST_F(ManagerTest, CaughtUpPollsAreMadeByTheSharedPollerThread) {
+  FakeProvider& p = providers_["a"];  // nothing at "100" yet: every poll is empty
+  ASSERT_TRUE(Create(Spec("a"), true).ok());
+  ASSERT_TRUE(WaitFor("a", [&](const handoff::v1::Progress& pr) {
+    return p.fetches() >= 5 && pr.state() == handoff::v1::SOURCE_STATE_BACKING_OFF;
+  }));
+  std::vector<std::string> threads = p.fetch_threads();
+  ASSERT_GE(threads.size(), 5u);
+  // The first empty poll is the worker's own ("in:" + id); every later one the poller's.
+  EXPECT_EQ(threads[0], "in:a");
+  for (size_t i = 1; i < threads.size(); ++i) EXPECT_EQ(threads[i], "idle-poller") << i;
+
+  p.SetPage("100", MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "c1"));
+  ASSERT_TRUE(WaitFor("a", [](const handoff::v1::Progress& pr) {
+    return pr.checkpoint().resume_cursor() == "c1" && pr.counters().applied() == 2;
+  }));
+  ASSERT_TRUE(WaitFor("a", [&](const handoff::v1::Progress& pr) {
+    return pr.state() == handoff::v1::SOURCE_STATE_BACKING_OFF &&
+           p.fetch_threads().back() == "idle-poller";
+  }));
+  // The page at "100" came from the poller's last poll there, went to the worker, which
+  // committed it and asked at "c1" itself before parking again.
+  const std::vector<std::string> cursors = p.requested();
+  threads = p.fetch_threads();
+  const size_t first_c1 = std::find(cursors.begin(), cursors.end(), "c1") - cursors.begin();
+  ASSERT_LT(first_c1, cursors.size());
+  EXPECT_EQ(cursors[first_c1 - 1], "100");
+  EXPECT_EQ(threads[first_c1 - 1], "idle-poller");
+  EXPECT_EQ(threads[first_c1], "in:a");
+
+  // Parked again: a stop returns without waiting for the next poll's deadline (up to
+  // 30 s with this backoff), and the source resumes from its cursor after a start.
+  const absl::Time stop_start = absl::Now();
+  ASSERT_TRUE(manager_->StopSource("a").ok());
+  EXPECT_LT(absl::Now() - stop_start, absl::Seconds(5));
+  ASSERT_TRUE(WaitFor("a", [](const handoff::v1::Progress& pr) {
+    return pr.state() == handoff::v1::SOURCE_STATE_STOPPED;
+  }));
+  p.SetPage("c1", MakePage(102, 102, {MakeRow(102)}, "c2"));
+  ASSERT_TRUE(manager_->StartSource("a").ok());
+  ASSERT_TRUE(WaitFor("a", [](const handoff::v1::Progress& pr) {
+    return pr.checkpoint().resume_cursor() == "c2" && pr.counters().applied() == 3;
+  }));
   manager_->Shutdown();
 }
 

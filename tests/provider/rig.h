@@ -84,6 +84,7 @@ class RecordingProvider : public consumer::Provider {
   void Cancel() override { inner_->Cancel(); }
   void Close() override { inner_->Close(); }
   void DropReadAhead() override { inner_->DropReadAhead(); }
+  bool PolledPerFetch() const override { return inner_->PolledPerFetch(); }
 
  private:
   std::unique_ptr<consumer::Provider> inner_;

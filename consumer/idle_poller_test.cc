@@ -132,10 +132,14 @@ struct Parked {
   }
 };
 
-TEST(IdlePollerTest, PollsUntilSomethingNewAndHandsItBack) {
+class IdlePollerTest : public ::testing::Test {
+ protected:
   ScriptedProvider provider;
-  Backoff backoff(Fast());
-  IdlePoller poller;
+  Backoff backoff{Fast()};
+  IdlePoller poller;  // declared last: stops before the providers go
+};
+
+TEST_F(IdlePollerTest, PollsUntilSomethingNewAndHandsItBack) {
   provider.Push(FetchResult::Of(NothingNew("c1")));
   provider.Push(FetchResult::Of(NothingNew("c1")));
   provider.Push(FetchResult::Of(WithItem("c2")));
@@ -156,10 +160,7 @@ TEST(IdlePollerTest, PollsUntilSomethingNewAndHandsItBack) {
   EXPECT_EQ(parked.results, 1);
 }
 
-TEST(IdlePollerTest, ARefusalGoesBackToTheWorker) {
-  ScriptedProvider provider;
-  Backoff backoff(Fast());
-  IdlePoller poller;
+TEST_F(IdlePollerTest, ARefusalGoesBackToTheWorker) {
   Refusal refusal;
   refusal.kind = RefusalKind::kRetryAfter;
   refusal.http_status = 429;
@@ -173,10 +174,7 @@ TEST(IdlePollerTest, ARefusalGoesBackToTheWorker) {
   EXPECT_EQ(poller.idle_polls(), 0);
 }
 
-TEST(IdlePollerTest, NotPolledBeforeItsDeadlineNorAfterUnpark) {
-  ScriptedProvider provider;
-  Backoff backoff(Fast());
-  IdlePoller poller;
+TEST_F(IdlePollerTest, NotPolledBeforeItsDeadlineNorAfterUnpark) {
   Parked parked(&provider, &backoff, "c1");
   parked.poll.at = absl::Now() + absl::Hours(1);
   poller.Park(&parked.poll);
@@ -205,10 +203,7 @@ TEST(IdlePollerTest, NotPolledBeforeItsDeadlineNorAfterUnpark) {
   EXPECT_EQ(parked.nothing_new, 0);
 }
 
-TEST(IdlePollerTest, UnparkWaitsOutAFetchInFlight) {
-  ScriptedProvider provider;
-  Backoff backoff(Fast());
-  IdlePoller poller;
+TEST_F(IdlePollerTest, UnparkWaitsOutAFetchInFlight) {
   provider.HangFromNow();
   Parked parked(&provider, &backoff, "c1");
   poller.Park(&parked.poll);
@@ -229,9 +224,8 @@ TEST(IdlePollerTest, UnparkWaitsOutAFetchInFlight) {
   EXPECT_LE(parked.results, 1);
 }
 
-TEST(IdlePollerTest, ManySourcesDueTogetherAreAllPolled) {
+TEST_F(IdlePollerTest, ManySourcesDueTogetherAreAllPolled) {
   constexpr int kSources = 50;
-  IdlePoller poller;
   std::vector<std::unique_ptr<ScriptedProvider>> providers;
   std::vector<std::unique_ptr<Backoff>> backoffs;
   std::vector<std::unique_ptr<Parked>> parked;

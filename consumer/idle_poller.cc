@@ -67,8 +67,7 @@ void IdlePoller::Run() {
     mu_.Unlock();
     // Outside the lock, still in flight: Unpark waits for this to end.
     FetchResult fetched = p->provider->Fetch(p->cursor);
-    const bool nothing_new =
-        fetched.page.has_value() && fetched.page->NothingNewAfter(p->cursor);
+    const bool nothing_new = fetched.page.has_value() && p->nothing_new(*fetched.page);
     std::optional<absl::Time> next;
     if (nothing_new) {
       fetched = FetchResult();  // the empty page and its budget slot go now

@@ -12,11 +12,13 @@
 // Protocol: a worker whose poll found nothing new Parks a ParkedPoll (its provider, the
 // committed cursor, its idle Backoff and the deadline of its next poll) and waits
 // untimed for on_result. The poller, at or after the deadline, calls
-// provider->Fetch(cursor): a page that is "nothing new after the cursor" (the contract's
-// empty page whose `next` is the cursor) is dropped, the next deadline taken from the
-// Backoff and reported through on_nothing_new; anything else (a page with items, a moved
-// cursor, a refusal, a cancellation) goes to on_result as it came, and the source leaves
-// the poller. The worker then handles that FetchResult exactly as one it fetched itself.
+// provider->Fetch(cursor): a page that ParkedPoll::nothing_new accepts (the worker's own
+// verdict: the contract's empty page whose `next` is the cursor, passed by the page
+// validator) is dropped, the next deadline taken from the Backoff and reported through
+// on_nothing_new; anything else (a page with items, a moved cursor, a page the validator
+// would refuse, a refusal, a cancellation) goes to on_result as it came, and the source
+// leaves the poller. The worker then handles that FetchResult exactly as one it fetched
+// itself.
 //
 // Invariants:
 // - While parked, a source's provider and backoff are used by the poller thread only;
@@ -46,6 +48,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "consumer/backoff.h"
+#include "consumer/page.h"
 #include "consumer/provider.h"
 
 namespace handoff::consumer {
@@ -56,6 +59,9 @@ struct ParkedPoll {
   std::string cursor;            // the committed cursor polled
   Backoff* backoff = nullptr;    // not owned: the deadline after each nothing-new poll
   absl::Time at;                 // the next poll's deadline
+  // True for a page the worker would apply as "nothing new yet" (a no-op) without
+  // reading storage. Called on the poller thread while parked.
+  std::function<bool(const Page&)> nothing_new;
   // After a nothing-new poll, with the next deadline (the worker's progress shows it).
   std::function<void(absl::Time next)> on_nothing_new;
   // Any other result; the source is no longer parked.

@@ -113,6 +113,9 @@ struct Parked {
     poll.backoff = backoff;
     poll.cursor = std::move(cursor);
     poll.at = absl::Now();
+    poll.nothing_new = [cursor = poll.cursor](const Page& page) {
+      return page.NothingNewAfter(cursor);
+    };
     poll.on_nothing_new = [this](absl::Time next) {
       absl::MutexLock lock(&mu);
       ++nothing_new;

@@ -11,6 +11,8 @@
 #include "base/thread_name.h"
 #include "consumer/fault_points.h"
 #include "consumer/outcome_policy.h"
+#include "consumer/page_validator.h"
+#include "consumer/receipt_ledger.h"
 #include "consumer/row_pool.h"
 #include "base/thread_priority.h"
 #include "store/row_codec.h"
@@ -191,13 +193,19 @@ SourceWorker::Wake SourceWorker::WaitUntil(absl::Time deadline, bool* poked_flag
   }
 }
 
-std::optional<FetchResult> SourceWorker::AwaitNews(const std::string& cursor,
+std::optional<FetchResult> SourceWorker::AwaitNews(const store::CheckpointRecord& cp,
                                                    Backoff* idle_backoff, absl::Time at) {
   ParkedPoll parked;
   parked.provider = parts_.provider.get();
-  parked.cursor = cursor;
+  parked.cursor = cp.resume_cursor();
   parked.backoff = idle_backoff;
   parked.at = at;
+  // The verdict this worker's attempt would reach (PageAttempt::Validate) for a page that
+  // covers no block range, so needs no receipts: anything else comes back here.
+  parked.nothing_new = [&cp](const Page& page) {
+    return page.NothingNewAfter(cp.resume_cursor()) && !PageRange(page).has_value() &&
+           ValidatePage(page, cp.resume_cursor(), cp, ReceiptLedger()).violation.empty();
+  };
   // Later polls move retry_at only, as the worker's own would.
   parked.on_nothing_new = [this](absl::Time next) {
     SetState(handoff::v1::SOURCE_STATE_BACKING_OFF, kNoNewEvents, next);
@@ -560,7 +568,7 @@ void SourceWorker::IngestLoop() {
       const absl::Time at = idle_backoff.NextDeadline(absl::Now());
       SetState(handoff::v1::SOURCE_STATE_BACKING_OFF, kNoNewEvents, at);
       if (parts_.idle_poller != nullptr && parts_.provider->PolledPerFetch()) {
-        news = AwaitNews(unchanged->resume_cursor(), &idle_backoff, at);
+        news = AwaitNews(*unchanged, &idle_backoff, at);
         if (!news.has_value()) break;  // stopping
       } else {
         bool unused = false;

@@ -162,10 +162,11 @@ class SourceWorker {
 
   void IngestLoop();
   // Parks this caught-up source with parts_.idle_poller, its next poll due at `at`, and
-  // waits (untimed) for the first poll that finds more than nothing new after `cursor`.
+  // waits (untimed) for the first poll at `cp`'s cursor that finds more than nothing new.
   // Returns that result, or nullopt once the worker is stopping.
-  std::optional<FetchResult> AwaitNews(const std::string& cursor, Backoff* idle_backoff,
-                                       absl::Time at) ABSL_LOCKS_EXCLUDED(mu_);
+  std::optional<FetchResult> AwaitNews(const store::CheckpointRecord& cp,
+                                       Backoff* idle_backoff, absl::Time at)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void DeliveryLoop();
   // Fills *rows (empty on entry) with the outbox entries in [from, to], decoded and in
   // order, at most `limit` of them, in rows recycled from RowPool. kDataLoss for an

@@ -461,6 +461,32 @@ TEST_F(ManagerTest, CaughtUpPollsAreMadeByTheSharedPollerThread) {
   manager_->Shutdown();
 }
 
+// A parked source's empty page with an unchanged cursor that the page validator refuses
+// (here: it starts past the committed range, a gap) is not taken for "nothing new" by the
+// poller: the worker gets it and halts, as it would have polling on its own.
+TEST_F(ManagerTest, AParkedSourceStillHaltsOnAnEmptyPageTheValidatorRefuses) {
+  FakeProvider& p = providers_["a"];
+  p.SetPage("100", MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "c1"));
+  ASSERT_TRUE(Create(Spec("a"), true).ok());
+  ASSERT_TRUE(WaitFor("a", [&](const handoff::v1::Progress& pr) {
+    return pr.checkpoint().resume_cursor() == "c1" &&
+           pr.state() == handoff::v1::SOURCE_STATE_BACKING_OFF &&
+           p.fetch_threads().back() == "idle-poller";
+  }));
+  consumer::Page gap;  // empty, `next` unchanged, but from block 105 after 101
+  gap.from = 105;
+  gap.next = "c1";
+  p.SetPage("c1", std::move(gap));
+  ASSERT_TRUE(WaitFor("a", [](const handoff::v1::Progress& pr) {
+    return pr.state() == handoff::v1::SOURCE_STATE_PROTOCOL_VIOLATION;
+  }));
+  absl::StatusOr<handoff::v1::Progress> pr = manager_->GetProgress("a");
+  ASSERT_TRUE(pr.ok());
+  EXPECT_NE(pr->reason().find("gap"), std::string::npos) << pr->reason();
+  EXPECT_EQ(pr->checkpoint().resume_cursor(), "c1");
+  manager_->Shutdown();
+}
+
 // An admin operation on one source does not wait for one in progress on another (each
 // holds only its source's lock across its synced write); on one source they run one at
 // a time. "slow"'s StartSource is held inside its provider factory while "fast" starts.

@@ -166,4 +166,10 @@ PageVerdict ValidatePage(const Page& page, const std::string& request_cursor,
   return v;
 }
 
+bool NothingNewWithoutReceipts(const Page& page, const std::string& request_cursor,
+                               const store::CheckpointRecord& checkpoint) {
+  if (!page.NothingNewAfter(request_cursor) || PageRange(page).has_value()) return false;
+  return ValidatePage(page, request_cursor, checkpoint, ReceiptLedger()).violation.empty();
+}
+
 }  // namespace handoff::consumer

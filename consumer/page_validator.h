@@ -53,6 +53,12 @@ PageVerdict ValidatePage(const Page& page, const std::string& request_cursor,
                          const store::CheckpointRecord& checkpoint,
                          const ReceiptLedger& ledger);
 
+// True when ValidatePage would call `page` nothing new without a violation and without
+// receipts to read (the page covers no block): applying it is a no-op. What a caught-up
+// worker's IdlePoller decides alone; any other page goes through the whole attempt.
+bool NothingNewWithoutReceipts(const Page& page, const std::string& request_cursor,
+                               const store::CheckpointRecord& checkpoint);
+
 }  // namespace handoff::consumer
 
 #endif  // HANDOFF_CONSUMER_PAGE_VALIDATOR_H_

@@ -12,7 +12,6 @@
 #include "consumer/fault_points.h"
 #include "consumer/outcome_policy.h"
 #include "consumer/page_validator.h"
-#include "consumer/receipt_ledger.h"
 #include "consumer/row_pool.h"
 #include "base/thread_priority.h"
 #include "store/row_codec.h"
@@ -200,11 +199,10 @@ std::optional<FetchResult> SourceWorker::AwaitNews(const store::CheckpointRecord
   parked.cursor = cp.resume_cursor();
   parked.backoff = idle_backoff;
   parked.at = at;
-  // The verdict this worker's attempt would reach (PageAttempt::Validate) for a page that
-  // covers no block range, so needs no receipts: anything else comes back here.
+  // The verdict this worker's attempt would reach (PageAttempt::Validate); any page that
+  // needs more than that comes back here.
   parked.nothing_new = [&cp](const Page& page) {
-    return page.NothingNewAfter(cp.resume_cursor()) && !PageRange(page).has_value() &&
-           ValidatePage(page, cp.resume_cursor(), cp, ReceiptLedger()).violation.empty();
+    return NothingNewWithoutReceipts(page, cp.resume_cursor(), cp);
   };
   // Later polls move retry_at only, as the worker's own would.
   parked.on_nothing_new = [this](absl::Time next) {

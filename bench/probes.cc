@@ -144,6 +144,11 @@ class CountingObserver : public consumer::EngineObserver {
     if (!first_.count(key)) first_[key] = now;
     last_[key] = now;
     total_ += events;
+    if (timeline_step_ > 0 && total_ >= static_cast<int64_t>(timeline_.size()) * timeline_step_) {
+      const ProcessUsage u = ReadProcessUsage();
+      timeline_.push_back({absl::ToDoubleSeconds(now - timeline_t0_), static_cast<double>(total_),
+                           u.cpu_seconds, static_cast<double>(u.minor_faults)});
+    }
     if (snapshot_target_ > 0 && total_ >= snapshot_target_ && !snapshot_time_.has_value()) {
       snapshot_time_ = now;
       snapshot_ = per_source_;
@@ -187,6 +192,17 @@ class CountingObserver : public consumer::EngineObserver {
   void SnapshotAt(int64_t target) {
     absl::MutexLock lock(&mu_);
     snapshot_target_ = target;
+  }
+  void TimelineEvery(int64_t step, absl::Time t0) {
+    absl::MutexLock lock(&mu_);
+    timeline_step_ = step;
+    timeline_t0_ = t0;
+    const ProcessUsage u = ReadProcessUsage();
+    timeline_.push_back({0, 0, u.cpu_seconds, static_cast<double>(u.minor_faults)});
+  }
+  std::vector<std::vector<double>> timeline() {
+    absl::MutexLock lock(&mu_);
+    return timeline_;
   }
   std::optional<std::pair<absl::Time, std::map<std::string, int64_t>>> snapshot() {
     absl::MutexLock lock(&mu_);
@@ -242,6 +258,9 @@ class CountingObserver : public consumer::EngineObserver {
   std::string error_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> refusals_ ABSL_GUARDED_BY(mu_);
   int64_t snapshot_target_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t timeline_step_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time timeline_t0_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<double>> timeline_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Time> snapshot_time_ ABSL_GUARDED_BY(mu_);  // set once, when taken
   std::map<std::string, int64_t> snapshot_ ABSL_GUARDED_BY(mu_);
 };
@@ -516,6 +535,7 @@ json E2e(const ProbeArgs& a) {
   const double cpu0 = CpuSeconds();
   const ConnectDelays delays0 = ReadConnectDelays();
   const absl::Time t0 = absl::Now();
+  obs.TimelineEvery(target / 20, t0);
   // All sources start together, as at process start (Recover): one by one, each start
   // waits ~80 ms for a synced write behind the running sources' page commits, and the
   // last of 64 would begin ~5 s after the first.
@@ -573,7 +593,8 @@ json E2e(const ProbeArgs& a) {
               {"cpu_seconds", cpu},
               {"per_source_min_eps", mn / half_secs},
               {"per_source_max_eps", mx / half_secs},
-              {"fairness", mx > 0 ? static_cast<double>(mn) / mx : 0.0}};
+              {"fairness", mx > 0 ? static_cast<double>(mn) / mx : 0.0},
+              {"timeline", obs.timeline()}};
   out.update(MemoryTerms(engine, a));
   return out;
 }

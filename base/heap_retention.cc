@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -94,7 +95,19 @@ absl::Status RestartWithHugePageHeap(char** argv) {
   if (setenv(kTunablesVariable, tunables->c_str(), /*overwrite=*/1) != 0) {
     return absl::InternalError(absl::StrCat("heap: setenv: ", std::strerror(errno)));
   }
-  execv("/proc/self/exe", argv);
+  // The binary's own path, so that the process keeps its name (the kernel names it after
+  // the file executed: /proc/self/exe would make it "exe"); /proc/self/exe itself if
+  // the file was replaced or removed since the start.
+  char path[PATH_MAX];
+  const ssize_t length = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  std::string binary = "/proc/self/exe";
+  if (length > 0) {
+    binary.assign(path, static_cast<size_t>(length));
+    if (absl::EndsWith(binary, " (deleted)") || access(binary.c_str(), X_OK) != 0) {
+      binary = "/proc/self/exe";
+    }
+  }
+  execv(binary.c_str(), argv);
   const int error = errno;
   // Not restarted: the process goes on as it started, and says so.
   if (original.has_value()) {

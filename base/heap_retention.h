@@ -20,8 +20,8 @@
 // the memory bound already covers (consumer/memory_bound.h counts every buffer and
 // memtable at its largest), and the memory is reused by the next memtable or page rather
 // than lost; a block larger than kLargestHeapBlockBytes that the heap's free top cannot
-// hold is still mapped and unmapped on its own. A heap's growth is address space: its pages become resident as they are
-// first written, as before.
+// hold is still mapped and unmapped on its own. A heap's growth is address space: its
+// pages become resident as they are first written, as before.
 //
 // Retention alone leaves the first pass: every page of the heap's peak is still faulted
 // in once, 4 KiB at a time, and with many sources that pass is most of a short run (64

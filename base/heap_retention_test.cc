@@ -110,6 +110,9 @@ TEST(HeapRetentionTest, TheRestartedProcessFaultsItsHeapInHugePages) {
   const char* tunables = std::getenv("GLIBC_TUNABLES");
   ASSERT_NE(tunables, nullptr) << "main() did not restart the test";
   EXPECT_TRUE(absl::StrContains(tunables, "glibc.malloc.hugetlb=1")) << tunables;
+  // Restarted from its own path, the process keeps its name ("exe" otherwise).
+  const std::string name = ReadFile("/proc/self/comm");
+  EXPECT_TRUE(absl::StartsWith(name, "heap_retention")) << name;
   ASSERT_TRUE(RetainFreedHeapMemory().ok());
 
   constexpr size_t kBytes = size_t{16} << 20;

@@ -275,6 +275,8 @@ def check_heap_in_huge_pages(server):
         return
     assert len(tunables) == 1 and b"glibc.malloc.hugetlb=1" in tunables[0], environ
     assert not server.log_entries("heap in 4 KiB pages"), server.log_text()
+    # Restarted from its own path: still named handoffd (ps, pgrep), not "exe".
+    assert read("/proc/%d/comm" % server.proc.pid).decode().strip() == "handoffd"
     log("ok - handoffd restarted itself once with its heap in transparent huge pages")
 
 

@@ -551,13 +551,9 @@ int RunChild() {
 int main(int argc, char** argv) {
   // As handoffd does, before any thread starts (base/heap_retention.h): the probes and the
   // bare RocksDB loops run with the allocator settings of the production process.
-  const absl::Status huge_pages = handoff::RestartWithHugePageHeap(argv);
   const absl::Status heap = handoff::RetainFreedHeapMemory();
   absl::ParseCommandLine(argc, argv);
   if (!heap.ok()) std::fprintf(stderr, "allocator defaults kept: %s\n", heap.ToString().c_str());
-  if (!huge_pages.ok()) {
-    std::fprintf(stderr, "heap in 4 KiB pages: %s\n", huge_pages.ToString().c_str());
-  }
   // As in handoffd: Debian's abseil checks every lock against a global lock graph unless
   // told not to; the probes stand in for the production process.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);

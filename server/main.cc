@@ -16,10 +16,8 @@ ABSL_FLAG(bool, debug_mutex_deadlock_detection, false,
           "every lock, so production turns it off. The test suite keeps it on.");
 
 int main(int argc, char** argv) {
-  // Before any thread starts: the heap in transparent huge pages (the process executes
-  // itself again once, with glibc's tunable set), and memtable arenas and page buffers
-  // reused, not faulted in again for every memtable and page (base/heap_retention.h).
-  const absl::Status huge_pages = handoff::RestartWithHugePageHeap(argv);
+  // Before any thread starts: memtable arenas and page buffers are reused, not faulted
+  // in again for every memtable and page (base/heap_retention.h).
   const absl::Status heap = handoff::RetainFreedHeapMemory();
   absl::SetProgramUsageMessage(
       "handoffd: crash-safe consumer of ordered, paginated event feeds.\n"
@@ -33,13 +31,6 @@ int main(int argc, char** argv) {
     const std::string message(heap.message());
     std::fprintf(stderr,
                  "{\"level\":\"warn\",\"msg\":\"allocator defaults kept\",\"error\":%s}\n",
-                 handoff::server::JsonQuote(message).c_str());
-  }
-  if (!huge_pages.ok()) {
-    const std::string message(huge_pages.message());
-    std::fprintf(stderr,
-                 "{\"level\":\"%s\",\"msg\":\"heap in 4 KiB pages\",\"reason\":%s}\n",
-                 absl::IsFailedPrecondition(huge_pages) ? "info" : "warn",
                  handoff::server::JsonQuote(message).c_str());
   }
   absl::StatusOr<handoff::server::ServerOptions> options = handoff::server::OptionsFromFlags();

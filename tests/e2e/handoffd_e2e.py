@@ -256,30 +256,6 @@ def check_admin_threads_realtime(server):
         log("ok - no CAP_SYS_NICE: admin threads at normal priority, with a warning")
 
 
-def check_heap_in_huge_pages(server):
-    """handoffd executes itself again at start with glibc's huge page tunable
-    (base/heap_retention.h): the serving process, the one started (same pid), has it in
-    its environment; where the kernel offers no transparent huge pages, an info line
-    says why not."""
-    try:
-        thp = read("/sys/kernel/mm/transparent_hugepage/enabled").decode()
-    except OSError:
-        thp = "[never]"
-    server.serving_entry()
-    environ = read("/proc/%d/environ" % server.proc.pid).split(b"\0")
-    tunables = [e for e in environ if e.startswith(b"GLIBC_TUNABLES=")]
-    if "[never]" in thp:
-        assert not tunables, tunables
-        assert server.log_entries("heap in 4 KiB pages"), server.log_text()
-        log("ok - no transparent huge pages here: the heap stays in 4 KiB pages, logged")
-        return
-    assert len(tunables) == 1 and b"glibc.malloc.hugetlb=1" in tunables[0], environ
-    assert not server.log_entries("heap in 4 KiB pages"), server.log_text()
-    # Restarted from its own path: still named handoffd (ps, pgrep), not "exe".
-    assert read("/proc/%d/comm" % server.proc.pid).decode().strip() == "handoffd"
-    log("ok - handoffd restarted itself once with its heap in transparent huge pages")
-
-
 def check_json_logs(server):
     for line in server.log_text().splitlines():
         entry = json.loads(line)  # every line is one JSON object
@@ -327,7 +303,6 @@ def phase_plain(binary, workdir, data_dir):
         assert got.spec.sink.HasField("local_rows")
         log("ok - CreateSource / ListSources / GetSource round trip")
         check_admin_threads_realtime(server)
-        check_heap_in_huge_pages(server)
 
         bad = local_spec("Bad_Id!")
         expect_code(grpc.StatusCode.INVALID_ARGUMENT, client.call, "CreateSource",

@@ -144,10 +144,9 @@ class CountingObserver : public consumer::EngineObserver {
     if (!first_.count(key)) first_[key] = now;
     last_[key] = now;
     total_ += events;
-    if (timeline_step_ > 0 && total_ >= static_cast<int64_t>(timeline_.size()) * timeline_step_) {
-      const ProcessUsage u = ReadProcessUsage();
-      timeline_.push_back({absl::ToDoubleSeconds(now - timeline_t0_), static_cast<double>(total_),
-                           u.cpu_seconds, static_cast<double>(u.minor_faults)});
+    if (timeline_step_ > 0 &&
+        total_ >= static_cast<int64_t>(timeline_.size()) * timeline_step_) {
+      AddTimelinePointLocked(now);
     }
     if (snapshot_target_ > 0 && total_ >= snapshot_target_ && !snapshot_time_.has_value()) {
       snapshot_time_ = now;
@@ -193,12 +192,15 @@ class CountingObserver : public consumer::EngineObserver {
     absl::MutexLock lock(&mu_);
     snapshot_target_ = target;
   }
+  // From `t0` on, a point of the timeline at every `step` events committed (and one
+  // now): [seconds since t0, events committed, this process's CPU seconds, its minor
+  // page faults], so that a run's phases (a slow start, a slow tail) can be read from its
+  // JSON without a profiler (bench/HISTORY.md 115).
   void TimelineEvery(int64_t step, absl::Time t0) {
     absl::MutexLock lock(&mu_);
     timeline_step_ = step;
     timeline_t0_ = t0;
-    const ProcessUsage u = ReadProcessUsage();
-    timeline_.push_back({0, 0, u.cpu_seconds, static_cast<double>(u.minor_faults)});
+    AddTimelinePointLocked(t0);
   }
   std::vector<std::vector<double>> timeline() {
     absl::MutexLock lock(&mu_);
@@ -247,6 +249,12 @@ class CountingObserver : public consumer::EngineObserver {
   }
 
  private:
+  void AddTimelinePointLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const ProcessUsage u = ReadProcessUsage();
+    timeline_.push_back({absl::ToDoubleSeconds(now - timeline_t0_), static_cast<double>(total_),
+                         u.cpu_seconds, static_cast<double>(u.minor_faults)});
+  }
+
   absl::Mutex mu_;
   int64_t total_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t commits_ ABSL_GUARDED_BY(mu_) = 0;

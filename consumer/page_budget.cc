@@ -18,12 +18,18 @@ PageSlot& PageSlot::operator=(PageSlot&& other) noexcept {
 }
 
 std::string* PageSlot::buffer() {
-  if (buffer_ == nullptr) buffer_ = budget_->LendBuffer();
+  if (buffer_ == nullptr) {
+    buffer_ = budget_->LendBuffer();
+    lent_at_ = budget_->clock_();
+  }
   return buffer_.get();
 }
 
 void PageSlot::ReturnBuffer() {
-  if (budget_ != nullptr && buffer_ != nullptr) budget_->KeepBuffer(std::move(buffer_));
+  if (budget_ != nullptr && buffer_ != nullptr) {
+    const absl::Duration fetch = budget_->clock_() - lent_at_;
+    budget_->KeepBuffer(std::move(buffer_), fetch);
+  }
 }
 
 void PageSlot::Release() {
@@ -40,10 +46,23 @@ struct PageBudget::Waiter {
   absl::CondVar wake;
 };
 
-PageBudget::PageBudget(size_t slots) : slots_(slots), max_idle_buffers_(std::max<size_t>(slots, 2)) {}
+PageBudget::PageBudget(Options options)
+    : slots_(options.slots),
+      max_idle_buffers_(std::max<size_t>(options.slots, 2)),
+      clock_(std::move(options.clock)),
+      limit_(options.slots > 0 && options.adaptive_min > 0 &&
+                     options.adaptive_min < options.slots
+                 ? std::make_unique<SlotLimit>(options.adaptive_min, options.slots)
+                 : nullptr) {}
 
 std::shared_ptr<PageBudget> PageBudget::Create(size_t slots) {
-  return std::shared_ptr<PageBudget>(new PageBudget(slots));
+  Options options;
+  options.slots = slots;
+  return Create(std::move(options));
+}
+
+std::shared_ptr<PageBudget> PageBudget::Create(Options options) {
+  return std::shared_ptr<PageBudget>(new PageBudget(std::move(options)));
 }
 
 PageSlot PageBudget::Grant() {
@@ -93,9 +112,14 @@ void PageBudget::Return(std::unique_ptr<std::string> buffer) {
   WakeFirstLocked();
 }
 
-void PageBudget::KeepBuffer(std::unique_ptr<std::string> buffer) {
+void PageBudget::KeepBuffer(std::unique_ptr<std::string> buffer, absl::Duration fetch) {
   absl::MutexLock lock(&mu_);
+  // An empty or small page says little about how long pages take: an idle source's
+  // quick "nothing new" would make every full page look queued behind it.
+  const bool sample = buffer != nullptr && buffer->size() >= kMinSampledPageBytes;
   KeepBufferLocked(std::move(buffer));
+  // A limit grown by one may serve the first in line.
+  if (sample && limit_ != nullptr && limit_->Record(fetch)) WakeFirstLocked();
 }
 
 void PageBudget::KeepBufferLocked(std::unique_ptr<std::string> buffer) {
@@ -114,6 +138,11 @@ std::unique_ptr<std::string> PageBudget::LendBuffer() {
     }
   }
   return std::make_unique<std::string>();
+}
+
+size_t PageBudget::limit() const {
+  absl::MutexLock lock(&mu_);
+  return limit_ != nullptr ? limit_->limit() : slots_;
 }
 
 size_t PageBudget::held() const {

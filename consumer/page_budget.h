@@ -23,6 +23,11 @@
 //    fetched ahead are dropped (Provider::DropReadAhead).
 //  - Idle receive buffers kept for reuse: at most max(slots, 2), so the budget's own
 //    memory is bounded by what its slots may hold.
+//  - With an adaptive minimum, the slots that may be held (limit()) move between that
+//    minimum and `slots` by SlotLimit's rule, one at a time, from the latency of the
+//    polled fetches made under slots (request to page parsed, pages of at least
+//    kMinSampledPageBytes). `slots` stays the cap the memory bound counts; a limit that
+//    shrinks below the slots held takes none back, it only makes new callers wait.
 //
 // Thread-safe.
 #ifndef HANDOFF_CONSUMER_PAGE_BUDGET_H_
@@ -30,6 +35,7 @@
 
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,6 +45,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "consumer/slot_limit.h"
 
 namespace handoff::consumer {
 
@@ -74,12 +82,27 @@ class PageSlot {
   // Keeps the budget alive: a page may outlive the provider that fetched it.
   std::shared_ptr<PageBudget> budget_;
   std::unique_ptr<std::string> buffer_;
+  // When buffer() first lent the buffer: the fetch's start.
+  absl::Time lent_at_;
 };
 
 class PageBudget : public std::enable_shared_from_this<PageBudget> {
  public:
+  // Fetches of smaller bodies are not sampled for the adaptive limit.
+  static constexpr size_t kMinSampledPageBytes = 16 << 10;
+
   // `slots`: pages held at once, at most; 0 for no cap. Slots keep their budget alive.
   static std::shared_ptr<PageBudget> Create(size_t slots);
+  struct Options {
+    // Pages held at once, at most; 0 for no cap.
+    size_t slots = 0;
+    // When at least 1 and below `slots`: the slots that may be held adapt between this
+    // and `slots` to the latency of the fetches made under them (SlotLimit).
+    size_t adaptive_min = 0;
+    // Where fetch latencies are read (tests replace it).
+    std::function<absl::Time()> clock = [] { return absl::Now(); };
+  };
+  static std::shared_ptr<PageBudget> Create(Options options);
   PageBudget(const PageBudget&) = delete;
   PageBudget& operator=(const PageBudget&) = delete;
 
@@ -93,6 +116,8 @@ class PageBudget : public std::enable_shared_from_this<PageBudget> {
   void WakeWaiters() ABSL_LOCKS_EXCLUDED(mu_);
 
   size_t slots() const { return slots_; }
+  // Slots that may be held now: slots(), or SlotLimit's limit where it adapts.
+  size_t limit() const ABSL_LOCKS_EXCLUDED(mu_);
   // Slots held now; and the most held at once since construction.
   size_t held() const ABSL_LOCKS_EXCLUDED(mu_);
   size_t peak_held() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -105,20 +130,25 @@ class PageBudget : public std::enable_shared_from_this<PageBudget> {
   friend class PageSlot;
   struct Waiter;
 
-  explicit PageBudget(size_t slots);
+  explicit PageBudget(Options options);
 
-  bool Free() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return slots_ == 0 || held_ < slots_; }
+  bool Free() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return slots_ == 0 || held_ < (limit_ != nullptr ? limit_->limit() : slots_);
+  }
   PageSlot Grant() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Signals the first waiter if a slot is free for it.
   void WakeFirstLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Return(std::unique_ptr<std::string> buffer) ABSL_LOCKS_EXCLUDED(mu_);
-  void KeepBuffer(std::unique_ptr<std::string> buffer) ABSL_LOCKS_EXCLUDED(mu_);
+  void KeepBuffer(std::unique_ptr<std::string> buffer, absl::Duration fetch)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void KeepBufferLocked(std::unique_ptr<std::string> buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::unique_ptr<std::string> LendBuffer() ABSL_LOCKS_EXCLUDED(mu_);
 
   const size_t slots_;
   const size_t max_idle_buffers_;
+  const std::function<absl::Time()> clock_;
   mutable absl::Mutex mu_;
+  const std::unique_ptr<SlotLimit> limit_ ABSL_PT_GUARDED_BY(mu_);
   size_t held_ ABSL_GUARDED_BY(mu_) = 0;
   size_t peak_held_ ABSL_GUARDED_BY(mu_) = 0;
   // The callers waiting in Acquire, oldest first (each Waiter lives on its caller's

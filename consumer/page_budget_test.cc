@@ -9,6 +9,8 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "consumer/slot_limit.h"
 #include "gtest/gtest.h"
 
 namespace handoff::consumer {
@@ -226,6 +228,100 @@ TEST(PageBudgetTest, ManyThreadsNeverHoldMoreThanTheCap) {
   EXPECT_LE(most.load(), 3);
   EXPECT_LE(budget->peak_held(), 3u);
   EXPECT_EQ(budget->held(), 0u);
+}
+
+// A budget whose slots adapt, read from a clock the test moves.
+struct AdaptiveBudget {
+  absl::Time now = absl::UnixEpoch();
+  std::shared_ptr<PageBudget> budget;
+
+  AdaptiveBudget(size_t slots, size_t min) {
+    PageBudget::Options options;
+    options.slots = slots;
+    options.adaptive_min = min;
+    options.clock = [this] { return now; };
+    budget = PageBudget::Create(std::move(options));
+  }
+
+  // One polled fetch under `slot`: its buffer lent, `bytes` received in `latency`, the
+  // buffer given back once the page is parsed.
+  void Fetch(PageSlot* slot, size_t bytes, absl::Duration latency) {
+    slot->buffer()->assign(bytes, 'x');
+    now += latency;
+    slot->ReturnBuffer();
+  }
+};
+
+TEST(PageBudgetTest, AnAdaptiveBudgetStartsAtItsMinimum) {
+  AdaptiveBudget a(8, 2);
+  EXPECT_EQ(a.budget->slots(), 8u);
+  EXPECT_EQ(a.budget->limit(), 2u);
+  std::optional<PageSlot> x = a.budget->TryAcquire();
+  std::optional<PageSlot> y = a.budget->TryAcquire();
+  ASSERT_TRUE(x.has_value() && y.has_value());
+  EXPECT_FALSE(a.budget->TryAcquire().has_value());
+  // A fixed budget (and one whose minimum is not below its slots) uses every slot.
+  EXPECT_EQ(PageBudget::Create(8)->limit(), 8u);
+  AdaptiveBudget fixed(4, 4);
+  EXPECT_EQ(fixed.budget->limit(), 4u);
+}
+
+// Fetches as fast with two in flight as the first ones: the limit grows, and the slot
+// it adds goes to the first source in line.
+TEST(PageBudgetTest, FlatFetchLatencyGrowsTheLimitForTheNextWaiter) {
+  AdaptiveBudget a(8, 2);
+  std::optional<PageSlot> x = a.budget->TryAcquire();
+  std::optional<PageSlot> y = a.budget->TryAcquire();
+  ASSERT_TRUE(x.has_value() && y.has_value());
+  std::optional<PageSlot> served;
+  std::thread waiter([&] { served = a.budget->Acquire(Never); });
+  AwaitWaiting(*a.budget, 1);
+  for (size_t i = 0; i < SlotLimit::kMinWindowFetches; ++i) {
+    a.Fetch(&*x, PageBudget::kMinSampledPageBytes, absl::Milliseconds(10));
+  }
+  waiter.join();
+  EXPECT_TRUE(served.has_value());
+  EXPECT_EQ(a.budget->limit(), 3u);
+  EXPECT_EQ(a.budget->held(), 3u);
+}
+
+// A caught-up source's "nothing new" answers are small and quick: they are not
+// samples, or every full page would look queued behind them.
+TEST(PageBudgetTest, SmallPagesDoNotMoveTheLimit) {
+  AdaptiveBudget a(8, 2);
+  std::optional<PageSlot> x = a.budget->TryAcquire();
+  ASSERT_TRUE(x.has_value());
+  for (int i = 0; i < 100; ++i) {
+    a.Fetch(&*x, PageBudget::kMinSampledPageBytes - 1, absl::Milliseconds(10));
+  }
+  EXPECT_EQ(a.budget->limit(), 2u);
+  // Its buffers are still lent and kept as before.
+  EXPECT_EQ(a.budget->idle_buffers(), 1u);
+}
+
+// Fetches that take longer the more are in flight (they share the CPU): the limit,
+// grown while they did not, comes back down; the slots held above it are not taken
+// back, new callers wait until enough are released.
+TEST(PageBudgetTest, LatencyGrowingWithTheSlotsShrinksTheLimit) {
+  AdaptiveBudget a(8, 2);
+  std::vector<PageSlot> held;
+  for (int i = 0; i < 2; ++i) held.push_back(*a.budget->TryAcquire());
+  while (a.budget->limit() < 8) {
+    a.Fetch(&held[0], PageBudget::kMinSampledPageBytes, absl::Milliseconds(1));
+    if (std::optional<PageSlot> s = a.budget->TryAcquire()) held.push_back(*std::move(s));
+  }
+  ASSERT_EQ(held.size(), 8u);
+  for (int i = 0; i < 200 && a.budget->limit() > 3; ++i) {
+    a.Fetch(&held[0], PageBudget::kMinSampledPageBytes,
+            absl::Milliseconds(1) * static_cast<double>(a.budget->limit()));
+  }
+  EXPECT_LE(a.budget->limit(), 3u);
+  EXPECT_EQ(a.budget->held(), 8u);
+  EXPECT_FALSE(a.budget->TryAcquire().has_value());
+  while (held.size() > a.budget->limit()) held.pop_back();
+  EXPECT_FALSE(a.budget->TryAcquire().has_value());  // at the limit exactly
+  held.pop_back();
+  EXPECT_TRUE(a.budget->TryAcquire().has_value());
 }
 
 }  // namespace

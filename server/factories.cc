@@ -66,13 +66,16 @@ size_t DefaultMaxPagesInFlight() {
   return std::max<size_t>(8, 4 * static_cast<size_t>(std::thread::hardware_concurrency()));
 }
 
-consumer::Factories ProductionFactories(size_t max_pages_in_flight) {
+consumer::Factories ProductionFactories(size_t max_pages_in_flight, bool adaptive_page_slots) {
   consumer::Factories factories;
   // One pool for every source's polled requests: caught-up sources share a few warm
   // connections instead of reconnecting at each poll (consumer/provider/curl_session.h).
   auto pool = std::make_shared<consumer::CurlSessionPool>(kIdlePollSessions);
   // One cap on the pages every source holds: page memory does not grow with sources.
-  auto budget = consumer::PageBudget::Create(std::max<size_t>(1, max_pages_in_flight));
+  consumer::PageBudget::Options budget_options;
+  budget_options.slots = std::max<size_t>(1, max_pages_in_flight);
+  if (adaptive_page_slots) budget_options.adaptive_min = kMinAdaptivePageSlots;
+  auto budget = consumer::PageBudget::Create(std::move(budget_options));
   factories.provider = [pool, budget](const handoff::v1::SourceSpec& spec)
       -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
     absl::StatusOr<std::string> key = ResolveApiKey(spec);

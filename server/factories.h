@@ -29,9 +29,17 @@ namespace handoff::server {
 // not measured here.
 size_t DefaultMaxPagesInFlight();
 
+// The fewest page slots an adaptive budget lets sources hold: what one source holds
+// when it catches up alone (the page being committed and the two it prefetches), so an
+// adaptive limit never slows a single source.
+inline constexpr size_t kMinAdaptivePageSlots = 3;
+
 // The providers share one PageBudget of `max_pages_in_flight` slots (at least 1) and
-// one pool of warm connections.
-consumer::Factories ProductionFactories(size_t max_pages_in_flight);
+// one pool of warm connections. With `adaptive_page_slots` (--adaptive_page_slots), the
+// slots in use adapt between kMinAdaptivePageSlots and `max_pages_in_flight` to the
+// latency of the fetches (consumer/slot_limit.h).
+consumer::Factories ProductionFactories(size_t max_pages_in_flight,
+                                        bool adaptive_page_slots = true);
 
 // consumer::SourceManager::Create.
 absl::StatusOr<std::unique_ptr<consumer::SourceManager>> CreateProductionSourceManager(

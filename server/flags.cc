@@ -70,6 +70,11 @@ ABSL_FLAG(int, max_pages_in_flight, static_cast<int>(handoff::server::DefaultMax
           "page memory is bounded by this, not by the number of sources. Sources wait "
           "for a page slot first come, first served; a source's prefetch uses a slot "
           "only when one is free.");
+ABSL_FLAG(bool, adaptive_page_slots, true,
+          "Adapt the page slots in use between 3 and --max_pages_in_flight to the latency "
+          "of the fetches (TCP Vegas's rule): more while more pages in flight do not make "
+          "each slower (a distant provider), fewer once they only share the CPU (a busy "
+          "machine, a provider on it). false: all --max_pages_in_flight slots are used.");
 ABSL_FLAG(absl::Duration, idle_poll_max, handoff::consumer::WorkerOptions().idle_backoff.max,
           "Longest wait between two polls of a caught-up polling source (each wait is "
           "uniform in [half, all] of the growing ceiling). Longer costs less CPU per idle "
@@ -162,7 +167,8 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_pages_in_flight=", pages_in_flight, " is outside 1..4096"));
   }
-  options.factories = ProductionFactories(static_cast<size_t>(pages_in_flight));
+  options.factories = ProductionFactories(static_cast<size_t>(pages_in_flight),
+                                          absl::GetFlag(FLAGS_adaptive_page_slots));
   return options;
 }
 

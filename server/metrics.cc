@@ -196,7 +196,13 @@ std::vector<MetricFamily> ProgressCollector::Collect() const {
     MetricFamily waiting = NewFamily("handoff_page_slot_waiters",
                                      "Sources waiting for a page slot", MetricType::Gauge);
     AddSample(&waiting, {}, static_cast<double>(page_budget_->waiting()));
+    MetricFamily limit = NewFamily(
+        "handoff_page_slots_limit",
+        "Page slots that may be held now (below handoff_page_slots when they adapt)",
+        MetricType::Gauge);
+    AddSample(&limit, {}, static_cast<double>(page_budget_->limit()));
     out.push_back(std::move(slots));
+    out.push_back(std::move(limit));
     out.push_back(std::move(held));
     out.push_back(std::move(waiting));
   }

@@ -62,7 +62,11 @@ TEST(ProgressCollectorTest, ExportsDurableFiguresPerSource) {
   p.set_lag_blocks(10);
   ASSERT_TRUE(manager.SetProgress(p).ok());
 
-  std::shared_ptr<consumer::PageBudget> budget = consumer::PageBudget::Create(8);
+  consumer::PageBudget::Options budget_options;
+  budget_options.slots = 8;
+  budget_options.adaptive_min = 3;
+  std::shared_ptr<consumer::PageBudget> budget =
+      consumer::PageBudget::Create(std::move(budget_options));
   std::optional<consumer::PageSlot> held = budget->TryAcquire();
   ASSERT_TRUE(held.has_value());
   ProgressCollector collector(
@@ -90,6 +94,7 @@ TEST(ProgressCollectorTest, ExportsDurableFiguresPerSource) {
            "handoff_store_memtable_bytes 5242880",
            "handoff_store_block_cache_bytes 7000",
            "handoff_page_slots 8",
+           "handoff_page_slots_limit 3",
            "handoff_page_slots_held 1",
            "handoff_page_slot_waiters 0",
        }) {

@@ -16,6 +16,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "sim/provider_sim.h"
 
 ABSL_FLAG(int, port, 8545, "TCP port (0: any; the bound port is printed)");
@@ -32,6 +33,8 @@ ABSL_FLAG(double, reorg_probability, 0, "chance of a reorg per new block");
 ABSL_FLAG(uint32_t, reorg_depth, 3, "blocks replaced by a reorg");
 ABSL_FLAG(int, heartbeat_ms, 30000, "SSE heartbeat interval");
 ABSL_FLAG(int, threads, 64, "server threads (each open stream holds one)");
+ABSL_FLAG(absl::Duration, response_delay, absl::ZeroDuration(),
+          "hold every polled response this long (a provider farther away than loopback)");
 ABSL_FLAG(bool, decimal_strings, false, "page numbers as decimal strings");
 ABSL_FLAG(bool, sse_close_delimited, false,
           "SSE bodies end at the connection's close instead of being chunked (cheaper to "
@@ -65,6 +68,7 @@ int main(int argc, char** argv) {
   o.chain_name = absl::GetFlag(FLAGS_chain);
   o.heartbeat = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
   o.threads = absl::GetFlag(FLAGS_threads);
+  o.response_delay = absl::GetFlag(FLAGS_response_delay);
   o.host = absl::GetFlag(FLAGS_host);
   o.decimal_strings = absl::GetFlag(FLAGS_decimal_strings);
   o.sse_close_delimited = absl::GetFlag(FLAGS_sse_close_delimited);

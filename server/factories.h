@@ -27,11 +27,14 @@ namespace handoff::server {
 // cap, and one source, which holds at most ~6 (the page being committed, the prefetched
 // one, the deleter's queue), kept its speed. The scaling with cores is an assumption,
 // not measured here.
+// With --adaptive_page_slots (the default) it is the most the sources may hold: how
+// many they do adapts below it (consumer/slot_limit.h).
 size_t DefaultMaxPagesInFlight();
 
-// The fewest page slots an adaptive budget lets sources hold: what one source holds
-// when it catches up alone (the page being committed and the two it prefetches), so an
-// adaptive limit never slows a single source.
+// The fewest page slots an adaptive budget lets sources hold: the page a source commits
+// and the two it prefetches. (Pages waiting in the deleter's queue keep their slots, so
+// a lone source at the minimum may prefetch less for a moment; its flat latency grows the
+// limit by one every window of four fetches.)
 inline constexpr size_t kMinAdaptivePageSlots = 3;
 
 // The providers share one PageBudget of `max_pages_in_flight` slots (at least 1) and

@@ -6,13 +6,16 @@
 namespace handoff::consumer {
 
 PageSlot::PageSlot(PageSlot&& other) noexcept
-    : budget_(std::move(other.budget_)), buffer_(std::move(other.buffer_)) {}
+    : budget_(std::move(other.budget_)),
+      buffer_(std::move(other.buffer_)),
+      lent_at_(other.lent_at_) {}
 
 PageSlot& PageSlot::operator=(PageSlot&& other) noexcept {
   if (this != &other) {
     Release();
     budget_ = std::move(other.budget_);
     buffer_ = std::move(other.buffer_);
+    lent_at_ = other.lent_at_;
   }
   return *this;
 }

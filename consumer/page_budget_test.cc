@@ -285,6 +285,27 @@ TEST(PageBudgetTest, FlatFetchLatencyGrowsTheLimitForTheNextWaiter) {
   EXPECT_EQ(a.budget->held(), 3u);
 }
 
+// A slot moved while its buffer is lent (a page handed on) still times its fetch from
+// the lend: a flat latency grows the limit, a bogus one from the epoch would not.
+TEST(PageBudgetTest, AMovedSlotKeepsItsFetchStart) {
+  AdaptiveBudget a(8, 2);
+  std::optional<PageSlot> x = a.budget->TryAcquire();
+  ASSERT_TRUE(x.has_value());
+  a.now += absl::Hours(1000);
+  for (size_t i = 0; i < SlotLimit::kMinWindowFetches; ++i) {
+    a.Fetch(&*x, PageBudget::kMinSampledPageBytes, absl::Milliseconds(10));
+  }
+  ASSERT_EQ(a.budget->limit(), 3u);  // the base: 10 ms
+  for (size_t i = 0; i < SlotLimit::kMinWindowFetches; ++i) {
+    x->buffer()->assign(PageBudget::kMinSampledPageBytes, 'x');
+    PageSlot moved = *std::move(x);
+    a.now += absl::Milliseconds(10);
+    moved.ReturnBuffer();
+    x = std::move(moved);
+  }
+  EXPECT_EQ(a.budget->limit(), 4u);
+}
+
 // A caught-up source's "nothing new" answers are small and quick: they are not
 // samples, or every full page would look queued behind them.
 TEST(PageBudgetTest, SmallPagesDoNotMoveTheLimit) {

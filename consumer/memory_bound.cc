@@ -9,7 +9,7 @@ double SlotPageFactor() { return kPollBodyBytesPerWireByte + kParsedPageBytesPer
 double PollSourcePageFactor() { return kStepBatchBytesPerWireByte; }
 
 double SseSourcePageFactor() {
-  return kSseStreamBytesPerWireByte + kParsedPageBytesPerWireByte + kStepBatchBytesPerWireByte;
+  return kSseStreamBytesPerWireByte + kStepBatchBytesPerWireByte;
 }
 
 double WaitingSourcePageFactor() { return kParsedPageBytesPerWireByte; }

@@ -11,9 +11,10 @@
 //                                             lent while fetching, and the page:
 //                                             rows 2 b + encoded rows 1.25 b
 //   per polling source               1.5 b    the step's WriteBatch
-//   per SSE source                   7.75 b   stream buffers (line, data, frame) 3 b,
-//                                             the parsed page waiting for room or a
-//                                             slot 3.25 b, the step's WriteBatch 1.5 b
+//   per SSE source                   4.5 b    stream buffers (line, data, frame) 3 b,
+//                                             where a frame waits for room or a slot
+//                                             (it is parsed only under one), the
+//                                             step's WriteBatch 1.5 b
 //   per source waiting with a page  3.25 b   an attempt blocked on a hold or waiting
 //     (W)                                     for a retry gives its slot back (it may
 //                                             wait for hours) and keeps its page

@@ -628,7 +628,7 @@ void HttpProvider::StartReader(const std::string& cursor) {
   reader_ = std::thread([this, cursor, id] { ReaderMain(cursor, id); });
 }
 
-bool HttpProvider::PushPage(Page page, uint64_t stream_id) {
+std::optional<PageSlot> HttpProvider::ReserveForPage(uint64_t stream_id) {
   struct Args {
     HttpProvider* self;
   } args{this};
@@ -641,15 +641,20 @@ bool HttpProvider::PushPage(Page page, uint64_t stream_id) {
                  a->self->stop_reader_.load() || a->self->cancelled_.load();
         },
         &args));
-    if (stopped() || stream_id_ != stream_id) return false;
+    if (stopped() || stream_id_ != stream_id) return std::nullopt;
   }
-  // The page is queued under a slot of the budget. The reader holds none while it waits
-  // (the queued pages' slots are released by the engine, which does not wait for the
-  // budget): no deadlock. Waiting leaves the socket unread, as a full queue does. Only
-  // this thread adds to the queue, so the room found above is still there.
-  std::optional<PageSlot> slot = budget_->Acquire(stopped);
-  if (!slot.has_value()) return false;
-  page.slot = *std::move(slot);
+  // A frame is parsed only under a slot of the budget, so a source waiting for one holds
+  // the frame's bytes (its stream buffers), not a parsed page: with many streams, the
+  // parsed pages are the slots' few, not one per source. The reader holds no slot while
+  // it waits (the queued pages' slots are released by the engine, which does not wait
+  // for the budget): no deadlock. Waiting leaves the socket unread, as a full queue
+  // does. Only this thread adds to the queue, so the room found above is still there
+  // when the page is pushed.
+  return budget_->Acquire(stopped);
+}
+
+bool HttpProvider::PushPage(Page page, uint64_t stream_id) {
+  auto stopped = [this] { return stop_reader_.load() || cancelled_.load(); };
   absl::MutexLock lock(&mu_);
   if (stopped() || stream_id_ != stream_id) return false;
   StreamItem item;
@@ -671,10 +676,12 @@ namespace {
 // Parses the event stream of one connection (runs on the reader thread).
 class StreamHandler : public CurlSession::Handler {
  public:
+  using SlotReserve = std::function<std::optional<PageSlot>()>;
   using PagePush = std::function<bool(Page)>;
-  StreamHandler(size_t max_page_bytes, PagePush push)
+  StreamHandler(size_t max_page_bytes, SlotReserve reserve, PagePush push)
       : max_page_bytes_(max_page_bytes),
         sse_(max_page_bytes + 4096, PageParser::Padding()),
+        reserve_(std::move(reserve)),
         push_(std::move(push)) {}
 
   bool OnHeaders(const CurlSession::Response& response) override {
@@ -732,13 +739,19 @@ class StreamHandler : public CurlSession::Handler {
     }
     if (!frame.event.empty() && frame.event != "message") return true;  // unknown: ignored
     if (!frame.has_data) return true;
+    std::optional<PageSlot> slot = reserve_();
+    if (!slot.has_value()) {
+      stopped_ = true;
+      return false;
+    }
     absl::StatusOr<Page> page = parser_.ParseOwned(&frame.data);
     sse_.GiveBack(std::move(frame.data));  // the next frame's data goes into it
     if (!page.ok()) {
       terminal_ = Refusal{RefusalKind::kMalformedPage, 200, "malformed_page",
                           std::string(page.status().message())};
-      return false;
+      return false;  // the slot is given back here
     }
+    page->slot = *std::move(slot);
     if (!push_(*std::move(page))) {
       stopped_ = true;
       return false;
@@ -749,6 +762,7 @@ class StreamHandler : public CurlSession::Handler {
   const size_t max_page_bytes_;
   SseParser sse_;
   PageParser parser_;
+  SlotReserve reserve_;
   PagePush push_;
   CurlSession::Response response_;
   bool streaming_ = false;
@@ -773,8 +787,9 @@ void HttpProvider::ReaderMain(std::string cursor, uint64_t stream_id) {
   req.connect_timeout = options_.connect_timeout;
   req.header_timeout = options_.read_timeout;
   req.body_idle_timeout = options_.sse_silence_timeout;
-  StreamHandler handler(options_.max_page_bytes,
-                        [this, stream_id](Page page) { return PushPage(std::move(page), stream_id); });
+  StreamHandler handler(
+      options_.max_page_bytes, [this, stream_id] { return ReserveForPage(stream_id); },
+      [this, stream_id](Page page) { return PushPage(std::move(page), stream_id); });
   CurlSession::Result result = stream_session_->Run(req, &handler, [this] {
     return stop_reader_.load() || cancelled_.load();
   });

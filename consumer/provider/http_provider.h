@@ -183,7 +183,10 @@ class HttpProvider : public Provider {
   void StopPrefetch() ABSL_LOCKS_EXCLUDED(prefetch_mu_);
   FetchResult FetchStream(const std::string& cursor);
   void ReaderMain(std::string cursor, uint64_t stream_id);
-  // Pushes a page, waiting for room. False when the reader must stop.
+  // The reader's two steps for a frame of data: wait for room in the queue and a page
+  // slot (nullopt once the reader must stop), then, the frame parsed under that slot,
+  // queue the page (false once the reader must stop).
+  std::optional<PageSlot> ReserveForPage(uint64_t stream_id) ABSL_LOCKS_EXCLUDED(mu_);
   bool PushPage(Page page, uint64_t stream_id) ABSL_LOCKS_EXCLUDED(mu_);
   void PushTerminal(Refusal refusal, uint64_t stream_id) ABSL_LOCKS_EXCLUDED(mu_);
   void StopReader() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lifecycle_mu_);

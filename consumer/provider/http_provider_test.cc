@@ -401,8 +401,9 @@ TEST_F(HttpProviderTest, SseQueuesPagesOnlyUnderPageSlots) {
   auto p = Make(std::move(o));
   std::optional<Page> first = ExpectPage(p->Fetch("0"));
   EXPECT_TRUE(first->slot.held());
-  // The reader has the next page parsed but no slot to queue it under: it waits, and
-  // Fetch would wait for it.
+  // The reader has the next frame but no slot to parse it under (a source waiting for a
+  // slot holds the frame's bytes, not a parsed page): it waits, and Fetch would wait
+  // for it.
   while (budget->waiting() != 1) std::this_thread::yield();
   EXPECT_FALSE(p->Ready(first->next));
   const std::string next = first->next;

@@ -632,16 +632,15 @@ std::optional<PageSlot> HttpProvider::ReserveForPage(uint64_t stream_id) {
   struct Args {
     HttpProvider* self;
   } args{this};
-  auto stopped = [this] { return stop_reader_.load() || cancelled_.load(); };
   {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
         +[](Args* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
           return a->self->queue_.size() < a->self->options_.sse_buffered_pages ||
-                 a->self->stop_reader_.load() || a->self->cancelled_.load();
+                 a->self->ReaderStopped();
         },
         &args));
-    if (stopped() || stream_id_ != stream_id) return std::nullopt;
+    if (ReaderStopped() || stream_id_ != stream_id) return std::nullopt;
   }
   // A frame is parsed only under a slot of the budget, so a source waiting for one holds
   // the frame's bytes (its stream buffers), not a parsed page: with many streams, the
@@ -650,13 +649,12 @@ std::optional<PageSlot> HttpProvider::ReserveForPage(uint64_t stream_id) {
   // for the budget): no deadlock. Waiting leaves the socket unread, as a full queue
   // does. Only this thread adds to the queue, so the room found above is still there
   // when the page is pushed.
-  return budget_->Acquire(stopped);
+  return budget_->Acquire([this] { return ReaderStopped(); });
 }
 
 bool HttpProvider::PushPage(Page page, uint64_t stream_id) {
-  auto stopped = [this] { return stop_reader_.load() || cancelled_.load(); };
   absl::MutexLock lock(&mu_);
-  if (stopped() || stream_id_ != stream_id) return false;
+  if (ReaderStopped() || stream_id_ != stream_id) return false;
   StreamItem item;
   item.page = std::move(page);
   queue_.push_back(std::move(item));
@@ -790,9 +788,8 @@ void HttpProvider::ReaderMain(std::string cursor, uint64_t stream_id) {
   StreamHandler handler(
       options_.max_page_bytes, [this, stream_id] { return ReserveForPage(stream_id); },
       [this, stream_id](Page page) { return PushPage(std::move(page), stream_id); });
-  CurlSession::Result result = stream_session_->Run(req, &handler, [this] {
-    return stop_reader_.load() || cancelled_.load();
-  });
+  CurlSession::Result result =
+      stream_session_->Run(req, &handler, [this] { return ReaderStopped(); });
   if (stop_reader_.load() || handler.stopped()) return;  // Close / reconnect: nobody waits
   if (cancelled_.load()) {
     PushTerminal(Cancelled().refusal.value(), stream_id);

@@ -183,6 +183,8 @@ class HttpProvider : public Provider {
   void StopPrefetch() ABSL_LOCKS_EXCLUDED(prefetch_mu_);
   FetchResult FetchStream(const std::string& cursor);
   void ReaderMain(std::string cursor, uint64_t stream_id);
+  // The reader must stop: Close or a reconnect asked it to, or the provider is cancelled.
+  bool ReaderStopped() const { return stop_reader_.load() || cancelled_.load(); }
   // The reader's two steps for a frame of data: wait for room in the queue and a page
   // slot (nullopt once the reader must stop), then, the frame parsed under that slot,
   // queue the page (false once the reader must stop).

@@ -280,13 +280,12 @@ std::atomic<int64_t> g_fetches{0};
 std::atomic<size_t> g_largest_page_bytes{0};
 
 // handoffd's HttpProvider, counting Fetch calls.
-class CountingProvider final : public consumer::Provider {
+class CountingProvider final : public consumer::ProviderDecorator {
  public:
-  explicit CountingProvider(std::unique_ptr<consumer::Provider> inner)
-      : inner_(std::move(inner)) {}
+  using ProviderDecorator::ProviderDecorator;
   consumer::FetchResult Fetch(const std::string& committed_cursor) override {
     g_fetches.fetch_add(1, std::memory_order_relaxed);
-    consumer::FetchResult r = inner_->Fetch(committed_cursor);
+    consumer::FetchResult r = inner().Fetch(committed_cursor);
     if (r.page.has_value()) {
       size_t seen = g_largest_page_bytes.load(std::memory_order_relaxed);
       while (r.page->wire_bytes > seen &&
@@ -295,16 +294,6 @@ class CountingProvider final : public consumer::Provider {
     }
     return r;
   }
-  bool Ready(const std::string& committed_cursor) override {
-    return inner_->Ready(committed_cursor);
-  }
-  void Cancel() override { inner_->Cancel(); }
-  void Close() override { inner_->Close(); }
-  void DropReadAhead() override { inner_->DropReadAhead(); }
-  bool PolledPerFetch() const override { return inner_->PolledPerFetch(); }
-
- private:
-  std::unique_ptr<consumer::Provider> inner_;
 };
 
 consumer::Factories BenchFactories() {

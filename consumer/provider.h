@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/time/time.h"
 #include "consumer/page.h"
@@ -105,6 +106,31 @@ class Provider {
   // caught-up source's next Fetch while its worker waits (IdlePoller); false for a
   // stream, whose next page arrives on a connection it holds open.
   virtual bool PolledPerFetch() const { return false; }
+};
+
+// Forwards every call to the provider it owns: the base of a decorator that watches or
+// changes a few calls (it overrides those, calling inner() for the rest of the work), so
+// that a call added to Provider is forwarded in one place.
+class ProviderDecorator : public Provider {
+ public:
+  explicit ProviderDecorator(std::unique_ptr<Provider> inner) : inner_(std::move(inner)) {}
+
+  FetchResult Fetch(const std::string& committed_cursor) override {
+    return inner_->Fetch(committed_cursor);
+  }
+  bool Ready(const std::string& committed_cursor) override {
+    return inner_->Ready(committed_cursor);
+  }
+  void Cancel() override { inner_->Cancel(); }
+  void Close() override { inner_->Close(); }
+  void DropReadAhead() override { inner_->DropReadAhead(); }
+  bool PolledPerFetch() const override { return inner_->PolledPerFetch(); }
+
+ protected:
+  Provider& inner() { return *inner_; }
+
+ private:
+  const std::unique_ptr<Provider> inner_;
 };
 
 }  // namespace handoff::consumer

@@ -35,7 +35,7 @@ consumer::FetchResult RecordingProvider::Fetch(const std::string& committed_curs
   FetchRecord r;
   r.cursor = committed_cursor;
   r.started = absl::Now();
-  consumer::FetchResult result = inner_->Fetch(committed_cursor);
+  consumer::FetchResult result = inner().Fetch(committed_cursor);
   r.ended = absl::Now();
   if (result.page) {
     const consumer::Page& p = *result.page;

@@ -73,21 +73,13 @@ class Journal {
 };
 
 // Decorates the real adapter: forwards everything, journals each Fetch.
-class RecordingProvider : public consumer::Provider {
+class RecordingProvider : public consumer::ProviderDecorator {
  public:
   RecordingProvider(std::unique_ptr<consumer::Provider> inner, Journal* journal, std::string id)
-      : inner_(std::move(inner)), journal_(journal), id_(std::move(id)) {}
+      : ProviderDecorator(std::move(inner)), journal_(journal), id_(std::move(id)) {}
   consumer::FetchResult Fetch(const std::string& committed_cursor) override;
-  bool Ready(const std::string& committed_cursor) override {
-    return inner_->Ready(committed_cursor);
-  }
-  void Cancel() override { inner_->Cancel(); }
-  void Close() override { inner_->Close(); }
-  void DropReadAhead() override { inner_->DropReadAhead(); }
-  bool PolledPerFetch() const override { return inner_->PolledPerFetch(); }
 
  private:
-  std::unique_ptr<consumer::Provider> inner_;
   Journal* const journal_;
   const std::string id_;
 };

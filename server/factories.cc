@@ -63,7 +63,7 @@ absl::StatusOr<std::string> ResolveApiKey(const handoff::v1::SourceSpec& spec) {
 }  // namespace
 
 size_t DefaultMaxPagesInFlight() {
-  return std::max<size_t>(8, 4 * static_cast<size_t>(std::thread::hardware_concurrency()));
+  return std::max<size_t>(16, 8 * static_cast<size_t>(std::thread::hardware_concurrency()));
 }
 
 consumer::Factories ProductionFactories(size_t max_pages_in_flight, bool adaptive_page_slots) {

@@ -22,13 +22,14 @@
 namespace handoff::server {
 
 // Pages all sources together hold at once, by default (--max_pages_in_flight;
-// consumer/page_budget.h): 4 per core, at least 8. Measured on two vCPUs (bench/
-// HISTORY.md 75, 64 sources catching up): 8 was the fastest of 4, 6, 8, 12, 16 and no
-// cap, and one source, which holds at most ~6 (the page being committed, the prefetched
-// one, the deleter's queue), kept its speed. The scaling with cores is an assumption,
-// not measured here.
-// With --adaptive_page_slots (the default) it is the most the sources may hold: how
-// many they do adapts below it (consumer/slot_limit.h).
+// consumer/page_budget.h): 8 per core, at least 16. With --adaptive_page_slots (the
+// default) it is the most the sources may hold: how many they do adapts below it
+// (consumer/slot_limit.h), so the cap matters where fetches wait on the network. Measured
+// on two vCPUs (bench/HISTORY.md 119): 64 sources catching up from a provider 30 ms away
+// reached 267-276k events/s with 16 against 196-197k with 8 (32: 259-283k); on the same
+// machine as the provider the limit stays at 3-4 either way. (With fixed slots, before
+// the limit adapted, 8 was the fastest of 4 to 16 there: 75.) The scaling with cores is
+// an assumption, not measured here.
 size_t DefaultMaxPagesInFlight();
 
 // The fewest page slots an adaptive budget lets sources hold: the page a source commits

@@ -66,7 +66,7 @@ ABSL_FLAG(int, max_unsynced_pages, handoff::consumer::WorkerOptions().max_unsync
           "once it is synced. 0 makes every page wait for its own fsync.");
 ABSL_FLAG(int, max_pages_in_flight, static_cast<int>(handoff::server::DefaultMaxPagesInFlight()),
           "Pages all sources together hold at once, from fetch to release (1..4096; "
-          "default 4 per core, at least 8): "
+          "default 8 per core, at least 16): "
           "page memory is bounded by this, not by the number of sources. Sources wait "
           "for a page slot first come, first served; a source's prefetch uses a slot "
           "only when one is free.");

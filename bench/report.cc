@@ -272,7 +272,16 @@ std::vector<Row> BuildRows(const json& raw, const MemoryBound& bound) {
     r.met = "-";
     rows.push_back(r);
   }
-  const auto one = f.Get("many_1", "events_per_s");
+  // The one-source figure: scenario 1's poll run at pages of 1000 is the same probe as
+  // this scenario's one source (one source, poll, pages of 1000, local rows), so the
+  // higher of the two is the figure the sources are held to: a run of either that the
+  // VM slowed must not lower the bar (in three full runs scenario 2's one source ran
+  // 9-25% below scenario 1's, bench/HISTORY.md 120).
+  const auto here = f.Get("many_1", "events_per_s");
+  const auto scenario1 = f.Get("e2e_poll_p1000", "events_per_s");
+  const auto one = here && scenario1 ? std::optional<double>(std::max(*here, *scenario1))
+                                     : (here ? here : scenario1);
+  const bool one_from_scenario1 = scenario1 && (!here || *scenario1 > *here);
   const auto bare_many = f.Get("bare_rocks_many", "events_per_s");
   std::vector<std::string> many;
   for (const auto& [name, v] : raw.items()) {
@@ -293,7 +302,13 @@ std::vector<Row> BuildRows(const json& raw, const MemoryBound& bound) {
                           "retransmissions ", Num(f.Get(name, "syn_retransmits"), "%.0f"), ")");
     r.measured = absl::StrCat(EpsAndCpu(f, name), RatesNote(f, name));
     const bool largest = i + 1 == many.size() && many.size() > 1;
-    r.limit = absl::StrCat("1 source ", EpsAndCpu(f, "many_1"), "; bare RocksDB ", Eps(bare));
+    r.limit = absl::StrCat("1 source ", EpsAndCpu(f, "many_1"));
+    if (scenario1) {
+      absl::StrAppend(&r.limit, " here, ", EpsAndCpu(f, "e2e_poll_p1000"),
+                      " in scenario 1 (the same probe; the ratio uses the ",
+                      one_from_scenario1 ? "latter" : "former", ")");
+    }
+    absl::StrAppend(&r.limit, "; bare RocksDB ", Eps(bare));
     if (largest && bare_many) {
       // How much of the goal the storage itself meets: its many writers against its one.
       absl::StrAppend(&r.limit, " (1 writer), ", Eps(bare_many), " (",

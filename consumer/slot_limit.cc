@@ -14,7 +14,18 @@ bool SlotLimit::Record(absl::Duration latency) {
   std::nth_element(window_.begin(), mid, window_.end());
   const int64_t median = *mid;
   window_.clear();
-  base_ = limit_ == min_ || base_ == 0 ? median : std::min(base_, median);
+  if (base_ == 0 || median <= base_) {
+    base_ = median;
+    above_base_at_min_ = 0;
+  } else if (limit_ == min_) {
+    least_above_base_ = above_base_at_min_ == 0 ? median : std::min(least_above_base_, median);
+    if (++above_base_at_min_ >= kRelearnWindows) {
+      base_ = least_above_base_;
+      above_base_at_min_ = 0;
+    }
+  } else {
+    above_base_at_min_ = 0;
+  }
   const double queued = static_cast<double>(limit_) *
                         (1.0 - static_cast<double>(base_) / static_cast<double>(median));
   const size_t before = limit_;

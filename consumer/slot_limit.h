@@ -11,13 +11,16 @@
 //
 // Vegas tells the two apart by latency. Each window of `limit` fetches (at least
 // kMinWindowFetches) gives a median latency. The base is a fetch's latency with as
-// little queued ahead of it as the limit allows: a window's median taken at the minimum
-// limit, lowered by any smaller median since. Little's law then estimates the pages
-// queued behind the work, `limit * (1 - base / median)`: below kGrowBelow the limit
-// grows by one (more in flight still means more done), above kShrinkAbove it shrinks
-// by one. It starts at `min`, so the first base is measured with few pages in flight,
-// and a base that rose for good (a provider moved farther away) is relearnt the next
-// time the limit is back at `min` instead of holding the limit down.
+// little queued ahead of it as the limit allows: the first window's median (taken at
+// the minimum limit, where it starts), lowered by any smaller median since. Little's law
+// then estimates the pages queued behind the work, `limit * (1 - base / median)`: below
+// kGrowBelow the limit grows by one (more in flight still means more done), above
+// kShrinkAbove it shrinks by one. A base rises only once kRelearnWindows windows in a
+// row at the minimum limit all measured more (a provider moved farther away for good:
+// the limit came down to its minimum reading the longer fetches as queueing), to the
+// least of them. Raised from one window at the minimum instead, a noisy sample made
+// "nothing queued" of the next windows, and 64 sources sharing two vCPUs swung between
+// 3 and 8 slots every few tens of ms (bench/HISTORY.md 121).
 //
 // Invariant: min <= limit() <= max, at every moment; each update moves it by at most 1.
 //
@@ -36,7 +39,10 @@ namespace handoff::consumer {
 class SlotLimit {
  public:
   // Fetches a window needs at least, whatever the limit (a median of fewer is noise).
-  static constexpr size_t kMinWindowFetches = 4;
+  static constexpr size_t kMinWindowFetches = 6;
+  // Windows in a row at the minimum limit, each measuring more than the base, that
+  // raise it.
+  static constexpr int kRelearnWindows = 3;
   // Estimated pages queued (Vegas's alpha and beta).
   static constexpr double kGrowBelow = 1.0;
   static constexpr double kShrinkAbove = 2.0;
@@ -58,6 +64,10 @@ class SlotLimit {
   size_t limit_;
   std::vector<int64_t> window_;  // latencies (ns) since the last update
   int64_t base_ = 0;             // ns; 0 until the first window
+  // Windows in a row at the minimum that measured more than the base, and the least of
+  // their medians.
+  int above_base_at_min_ = 0;
+  int64_t least_above_base_ = 0;
 };
 
 }  // namespace handoff::consumer

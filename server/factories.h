@@ -27,7 +27,7 @@ namespace handoff::server {
 // (consumer/slot_limit.h), so the cap matters where fetches wait on the network. Measured
 // on two vCPUs (bench/HISTORY.md 119): 64 sources catching up from a provider 30 ms away
 // reached 267-276k events/s with 16 against 196-197k with 8 (32: 259-283k); on the same
-// machine as the provider the limit stays at 3-4 either way. (With fixed slots, before
+// machine as the provider the limit stays at 3-6 either way. (With fixed slots, before
 // the limit adapted, 8 was the fastest of 4 to 16 there: 75.) The scaling with cores is
 // an assumption, not measured here.
 size_t DefaultMaxPagesInFlight();
@@ -35,7 +35,7 @@ size_t DefaultMaxPagesInFlight();
 // The fewest page slots an adaptive budget lets sources hold: the page a source commits
 // and the two it prefetches. (Pages waiting in the deleter's queue keep their slots, so
 // a lone source at the minimum may prefetch less for a moment; its flat latency grows the
-// limit by one every window of four fetches.)
+// limit by one every window of six fetches.)
 inline constexpr size_t kMinAdaptivePageSlots = 3;
 
 // The providers share one PageBudget of `max_pages_in_flight` slots (at least 1) and

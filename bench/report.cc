@@ -182,7 +182,7 @@ std::string BoundFormula() {
       consumer::SlotPageFactor(), consumer::PollSourcePageFactor(),
       consumer::SseSourcePageFactor(), consumer::WaitingSourcePageFactor(),
       consumer::kDomBytesPerWireByte,
-      static_cast<int>(consumer::kDomParsers), consumer::ProcessPageFactor());
+      static_cast<int>(consumer::DomParsers()), consumer::ProcessPageFactor());
 }
 
 // The memory bound of every ingest run (consumer/memory_bound.h, store.h):
@@ -507,7 +507,7 @@ absl::Status WriteReport(const Results& res, const std::string& out_dir) {
       "with a page (blocked on a hold or a retry; 0 in these runs): such a page gives its "
       "slot back and keeps its 3.25b. Per process the shared simdjson parsers' DOM "
       "allocations, 13.7b each, "
-      "one per source up to 8, and the row pool's 32 pages. The rows and encoded-rows "
+      "one per source up to one per core (2-8), and the row pool's 32 pages. The rows and encoded-rows "
       "factors are asserted by `page_parser_test` over the worst item shapes.\n\n";
   if (bound.ok()) {
     absl::StrAppend(&md, absl::StrFormat("T = %.2f MB per source (idle probe). ",

@@ -1,6 +1,7 @@
 #include "consumer/memory_bound.h"
 
 #include <algorithm>
+#include <thread>
 
 namespace handoff::consumer {
 
@@ -16,8 +17,14 @@ double WaitingSourcePageFactor() { return kParsedPageBytesPerWireByte; }
 
 double ProcessPageFactor() { return kPooledRowPages * kRowBytesPerWireByte; }
 
+size_t DomParsers() {
+  static const size_t parsers = std::clamp<size_t>(std::thread::hardware_concurrency(), 2,
+                                                   kMaxDomParsers);
+  return parsers;
+}
+
 double DomPageFactor(size_t sources) {
-  return static_cast<double>(std::min(sources, kDomParsers)) * kDomBytesPerWireByte;
+  return static_cast<double>(std::min(sources, DomParsers())) * kDomBytesPerWireByte;
 }
 
 double PageMemoryBound(const PageMemoryInputs& in) {

@@ -19,7 +19,7 @@
 //     (W)                                     for a retry gives its slot back (it may
 //                                             wait for hours) and keeps its page
 //   per process: the simdjson DOMs of the shared parsers, 13.7 b each (tape 8, strings
-//   5/3, index 4), min(sources, kDomParsers) of them; the RowPool's pages of recycled
+//   5/3, index 4), min(sources, DomParsers()) of them (one per core, 2-8); the RowPool's pages of recycled
 //   rows (2 b each). The deleter's queued pages hold slots: counted in P.
 //
 // A provider built without the shared budget (tests) is not bounded by this formula:
@@ -58,9 +58,18 @@ inline constexpr double kSseStreamBytesPerWireByte = 3.0;
 // SourceManager's deleter's queue (its pages hold slots: no term of their own).
 inline constexpr size_t kPooledRowPages = 32;
 inline constexpr size_t kDeleterPages = 4;
-// simdjson parsers the process shares (PageParser's pool): the DOMs of at most this
-// many pages, or of one per source when fewer sources run.
-inline constexpr size_t kDomParsers = 8;
+// The most simdjson parsers the process shares (PageParser's pool).
+inline constexpr size_t kMaxDomParsers = 8;
+
+// How many simdjson parsers the process shares: one per core (at least 2, at most
+// kMaxDomParsers); the DOMs of at most this many pages, or of one per source when fewer
+// sources run. A parse is CPU work only, so more parsers than cores cannot parse more
+// pages at once; each one keeps the DOM of the largest page it parsed, and rotating
+// through more of them only makes the pages' working set larger and colder. On 2 vCPUs,
+// 2 parsers against 8 gave 64 sources 4% less CPU per event, 6% fewer page faults and
+// 9 MB less peak RSS, one source the same (bench/HISTORY.md 123). At least 2: a parser's
+// holder that the scheduler preempts does not stop every other parse.
+size_t DomParsers();
 
 struct PageMemoryInputs {
   size_t poll_sources = 0;

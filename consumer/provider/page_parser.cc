@@ -503,9 +503,10 @@ absl::Status ReadPage(dom::element doc, Page* page) {
 // allocation of the largest document it has parsed (13.7 bytes per byte of page), and
 // a page's parse only needs it until the page is read out of the DOM: with a parser
 // per source, 64 sources of 0.8 MB pages held ~700 MB of DOMs, each faulted in on its
-// source's first page. Here at most kDomParsers exist, each kept warm between pages.
+// source's first page. Here at most DomParsers() exist (one per core, see
+// consumer/memory_bound.h), each kept warm between pages.
 //
-// Invariant: at most kDomParsers parsers exist (idle or lent); a borrower that finds
+// Invariant: at most max_parsers_ parsers exist (idle or lent); a borrower that finds
 // all of them lent waits for one (a parse is CPU work only: it never waits for
 // anything while it holds a parser).
 class DomParserPool {
@@ -519,7 +520,7 @@ class DomParserPool {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
         +[](DomParserPool* p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return !p->idle_.empty() || p->created_ < kDomParsers;
+          return !p->idle_.empty() || p->created_ < p->max_parsers_;
         },
         this));
     if (!idle_.empty()) {
@@ -542,6 +543,7 @@ class DomParserPool {
   }
 
  private:
+  const size_t max_parsers_ = DomParsers();
   absl::Mutex mu_;
   std::vector<std::unique_ptr<dom::parser>> idle_ ABSL_GUARDED_BY(mu_);
   size_t created_ ABSL_GUARDED_BY(mu_) = 0;

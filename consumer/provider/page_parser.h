@@ -29,7 +29,7 @@
 // encoder keeps verbatim (not lowercase hex).
 //
 // Thread-compatible: one PageParser per thread. The simdjson parser each parse needs is
-// lent by a process-wide pool of at most kDomParsers (consumer/memory_bound.h), kept
+// lent by a process-wide pool of at most DomParsers() (consumer/memory_bound.h), kept
 // warm between pages and returned as soon as the page is read out of its DOM; a parse
 // that finds every one lent waits for one.
 #ifndef HANDOFF_CONSUMER_PROVIDER_PAGE_PARSER_H_

@@ -169,10 +169,10 @@ TEST(PageParserTest, ReusedParserAndOwnedBuffer) {
 }
 
 // Every parse borrows one of the process's shared simdjson parsers: however many
-// threads parse at once, no more than kDomParsers exist, and all are back afterwards.
-TEST(PageParserTest, ConcurrentParsesShareAtMostKDomParsers) {
+// threads parse at once, no more than DomParsers() exist, and all are back afterwards.
+TEST(PageParserTest, ConcurrentParsesShareAtMostDomParsers) {
   const std::string json = ValidPage();
-  constexpr int kThreads = 3 * static_cast<int>(kDomParsers);
+  const int kThreads = 3 * static_cast<int>(DomParsers());
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
@@ -188,7 +188,7 @@ TEST(PageParserTest, ConcurrentParsesShareAtMostKDomParsers) {
   EXPECT_EQ(failures.load(), 0);
   const PageParser::SharedParsers counts = PageParser::SharedParserCounts();
   EXPECT_GE(counts.created, 1u);
-  EXPECT_LE(counts.created, kDomParsers);
+  EXPECT_LE(counts.created, DomParsers());
   EXPECT_EQ(counts.idle, counts.created);
 }
 

@@ -355,7 +355,8 @@ std::vector<Row> BuildRows(const json& raw, const MemoryBound& bound) {
     r.scenario = "4 recovery";
     r.what = absl::StrCat("start to first new commit, ", Num(f.Get("recovery", "sources"), "%.0f"),
                           " sources, ", Num(f.Get("recovery", "receipts"), "%.0f"),
-                          " receipts on disk (open ", Num(f.Get("recovery", "open_seconds"), "%.3f"),
+                          " receipts on disk (open ",
+                          Num(f.Get("recovery", "open_seconds"), "%.3f"),
                           " s, Recover done ", Num(f.Get("recovery", "recover_seconds"), "%.3f"),
                           " s)");
     r.measured = v ? absl::StrFormat("%.3f s", *v) : "n/a";
@@ -506,9 +507,9 @@ absl::Status WriteReport(const Results& res, const std::string& out_dir) {
       "room and a slot: it is parsed only under one) and the batch. W, sources waiting "
       "with a page (blocked on a hold or a retry; 0 in these runs): such a page gives its "
       "slot back and keeps its 3.25b. Per process the shared simdjson parsers' DOM "
-      "allocations, 13.7b each, "
-      "one per source up to one per core (2-8), and the row pool's 32 pages. The rows and encoded-rows "
-      "factors are asserted by `page_parser_test` over the worst item shapes.\n\n";
+      "allocations, 13.7b each, one per source up to one per core (2-8), and the row "
+      "pool's 32 pages. The rows and encoded-rows factors are asserted by "
+      "`page_parser_test` over the worst item shapes.\n\n";
   if (bound.ok()) {
     absl::StrAppend(&md, absl::StrFormat("T = %.2f MB per source (idle probe). ",
                                          *bound.per_source_mb));

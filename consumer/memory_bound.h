@@ -19,8 +19,9 @@
 //     (W)                                     for a retry gives its slot back (it may
 //                                             wait for hours) and keeps its page
 //   per process: the simdjson DOMs of the shared parsers, 13.7 b each (tape 8, strings
-//   5/3, index 4), min(sources, DomParsers()) of them (one per core, 2-8); the RowPool's pages of recycled
-//   rows (2 b each). The deleter's queued pages hold slots: counted in P.
+//   5/3, index 4), min(sources, DomParsers()) of them (one per core, 2-8); the
+//   RowPool's pages of recycled rows (2 b each). The deleter's queued pages hold slots:
+//   counted in P.
 //
 // A provider built without the shared budget (tests) is not bounded by this formula:
 // handoffd always has one (--max_pages_in_flight).
@@ -67,7 +68,7 @@ inline constexpr size_t kMaxDomParsers = 8;
 // pages at once; each one keeps the DOM of the largest page it parsed, and rotating
 // through more of them only makes the pages' working set larger and colder. On 2 vCPUs,
 // 2 parsers against 8 gave 64 sources 4% less CPU per event, 6% fewer page faults and
-// 9 MB less peak RSS, one source the same (bench/HISTORY.md 123). At least 2: a parser's
+// 9 MB less peak RSS, one source the same (bench/HISTORY.md 124). At least 2: a parser's
 // holder that the scheduler preempts does not stop every other parse.
 size_t DomParsers();
 

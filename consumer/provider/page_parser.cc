@@ -193,7 +193,8 @@ absl::Status ReadQuantity(dom::element v, const Path& path, uint64_t* out) {
   return absl::OkStatus();
 }
 
-constexpr const char* kDecimalExpected = "expected decimal number (JSON number or string) up to 2^63-1";
+constexpr const char* kDecimalExpected =
+    "expected decimal number (JSON number or string) up to 2^63-1";
 
 // A decimal page number; `*is_null` is set for a JSON null when `nullable`.
 absl::Status ReadDecimal(dom::element v, const Path& path, bool nullable, uint64_t* out,
@@ -258,7 +259,8 @@ absl::Status ReadBlockMark(dom::element v, const char* name, std::optional<Block
     if (key == "number") {
       bool unused = false;
       if (have_number) return FieldError(Path{"number", -1, -1, name}, "duplicate field");
-      absl::Status s = ReadDecimal(f.value, Path{"number", -1, -1, name}, false, &mark.number, &unused);
+      absl::Status s =
+          ReadDecimal(f.value, Path{"number", -1, -1, name}, false, &mark.number, &unused);
       if (!s.ok()) return s;
       have_number = true;
     } else if (key == "hash") {

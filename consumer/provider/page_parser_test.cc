@@ -134,7 +134,8 @@ TEST(PageParserTest, PageMemoryIsBoundedByItsWireBytes) {
       ASSERT_TRUE(page.ok()) << page.status();
       ASSERT_EQ(page->items.size(), static_cast<size_t>(items));
       const size_t rows = RowHeapBytes(*page);
-      const size_t encoded = page->row_bytes.capacity() + page->row_ends.capacity() * sizeof(size_t);
+      const size_t encoded =
+          page->row_bytes.capacity() + page->row_ends.capacity() * sizeof(size_t);
       EXPECT_LE(rows, kRowBytesPerWireByte * json.size())
           << items << " items like " << item->substr(0, 60);
       EXPECT_LE(encoded, kEncodedBytesPerWireByte * json.size())

@@ -397,9 +397,20 @@ std::optional<PageAttempt::Result> PageAttempt::CommitSlots(
       if (page_.finalized.has_value()) update.finalized = ToMark(*page_.finalized);
       if (page_.safe.has_value()) update.safe = ToMark(*page_.safe);
       if (page_.tip.has_value()) update.tip = *page_.tip;
-      update.covered_through = page_.through.has_value()
-                                   ? std::optional<uint64_t>(page_.through->number)
-                                   : std::optional<uint64_t>();
+      // The committed range ends where this page's does. A correction that covers no
+      // block ends it below `from` (the chain ends there now). Any other page that
+      // covers no block keeps it, open: the blocks the cursor moved past are not named,
+      // so the next page may start anywhere above it, but what was committed stays
+      // checked (page_validator.h).
+      store::CheckpointUpdate::Covered& covered = update.covered.emplace();
+      if (page_.through.has_value()) {
+        covered.through = page_.through->number;
+      } else if (page_.reorg) {
+        if (page_.from > 0) covered.through = page_.from - 1;
+      } else {
+        if (checkpoint_.has_covered()) covered.through = checkpoint_.covered_through();
+        covered.open = true;
+      }
     }
   }
   update.counter_deltas = deltas;

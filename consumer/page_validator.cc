@@ -15,23 +15,37 @@ std::optional<Position> AppliedOf(const store::CheckpointRecord& cp) {
   return Position{cp.applied_block(), cp.applied_log_index()};
 }
 
-// Lists as orphans the durable outcomes in the ledger (within `in_scope`) that the page
-// does not repeat with the same identity, and rewinds the applied position to below the
-// page: the delete-and-insert rule.
+// The stable identity (block hash) of the durable outcome or hold at a ledger entry: a
+// terminal outcome's, else its hold's event's. Empty: nothing durable there.
+const std::string& DurableIdentity(const ReceiptLedger::Entry& entry) {
+  if (!entry.terminal_hash.empty() || !entry.hold.has_value()) return entry.terminal_hash;
+  return entry.hold->event().block_hash();
+}
+
+// Positions whose durable outcome or hold the page repeats with the same identity.
+absl::flat_hash_set<std::pair<uint64_t, uint64_t>> RepeatedIdentities(
+    const Page& page, const ReceiptLedger& ledger) {
+  absl::flat_hash_set<std::pair<uint64_t, uint64_t>> same;
+  for (const handoff::v1::EventRow& row : page.items) {
+    const ReceiptLedger::Entry* entry = ledger.Find(PositionOf(row));
+    if (entry != nullptr && DurableIdentity(*entry) == row.block_hash()) {
+      same.insert({row.block_number(), row.log_index()});
+    }
+  }
+  return same;
+}
+
+// Lists as orphans the durable outcomes and holds in the ledger (within `in_scope`) that
+// the page does not repeat with the same identity, and rewinds the applied position to
+// below the page: the delete-and-insert rule.
 template <typename InScope>
 void ReplaceDurableOutcomes(const Page& page, const ReceiptLedger& ledger,
                             const std::optional<Position>& applied, const InScope& in_scope,
                             PageVerdict* v) {
-  absl::flat_hash_set<std::pair<uint64_t, uint64_t>> same;
-  for (const handoff::v1::EventRow& row : page.items) {
-    const ReceiptLedger::Entry* entry = ledger.Find(PositionOf(row));
-    if (entry != nullptr && entry->terminal_hash == row.block_hash()) {
-      same.insert({row.block_number(), row.log_index()});
-    }
-  }
+  const absl::flat_hash_set<std::pair<uint64_t, uint64_t>> same = RepeatedIdentities(page, ledger);
   for (const auto& [pos, entry] : ledger.entries()) {
-    bool durable = !entry.terminal_hash.empty() || entry.hold.has_value();
-    if (durable && in_scope(pos) && !same.contains(std::make_pair(pos.block, pos.log_index))) {
+    if (!DurableIdentity(entry).empty() && in_scope(pos) &&
+        !same.contains(std::make_pair(pos.block, pos.log_index))) {
       v->orphans.push_back(pos);
     }
   }
@@ -47,7 +61,12 @@ void ReplaceDurableOutcomes(const Page& page, const ReceiptLedger& ledger,
 }  // namespace
 
 std::optional<std::pair<Position, Position>> PageRange(const Page& page) {
-  if (!page.through.has_value()) return std::nullopt;
+  if (!page.through.has_value()) {
+    if (!page.reorg) return std::nullopt;
+    // A correction that covers no block: the chain now ends below `from`, so everything
+    // applied from there up was on the abandoned fork.
+    return std::make_pair(Position{page.from, 0}, Position{kMaxIndex, kMaxIndex});
+  }
   return std::make_pair(Position{page.from, 0}, Position{page.through->number, kMaxIndex});
 }
 
@@ -99,8 +118,9 @@ PageVerdict ValidatePage(const Page& page, const std::string& request_cursor,
 
   const std::optional<Position> applied = AppliedOf(cp);
   if (!page.reorg) {
-    // Gap after the committed range.
-    if (cp.has_covered() && page.from > cp.covered_through() + 1) {
+    // Gap after the committed range (unless the last page moved the cursor past blocks
+    // it did not name).
+    if (cp.has_covered() && !cp.covered_open() && page.from > cp.covered_through() + 1) {
       v.violation = absl::StrCat("gap: the page starts at block ", page.from,
                                  " but the committed range ends at block ",
                                  cp.covered_through());
@@ -145,9 +165,26 @@ PageVerdict ValidatePage(const Page& page, const std::string& request_cursor,
         return v;
       }
     }
-    // An applied event the overlapping page does not repeat is left as it is: overlap
-    // at or below the applied prefix is acceptable (seed 000, walkthrough 1), and only
-    // a correction page replaces what was applied.
+    // Above the committed range, an outcome or hold the page does not repeat with the
+    // same identity (an event the page leaves out, or a hold for another event at a
+    // position) is the abandoned attempt's too: on the fork the chain left, or of a
+    // larger page the provider has since split (the first page of a deep correction
+    // leaves the rest of the old fork above it). Left in place it would stay among the
+    // rows, or block the barrier, beside the new fork's events.
+    if (!replace_uncommitted) {
+      const absl::flat_hash_set<std::pair<uint64_t, uint64_t>> same =
+          RepeatedIdentities(page, ledger);
+      for (const auto& [pos, entry] : ledger.entries()) {
+        if (uncommitted(pos) && !DurableIdentity(entry).empty() &&
+            !same.contains(std::make_pair(pos.block, pos.log_index))) {
+          replace_uncommitted = true;
+          break;
+        }
+      }
+    }
+    // Inside the committed range, an applied event the overlapping page does not repeat
+    // is left as it is: overlap at or below the applied prefix is acceptable (seed 000,
+    // walkthrough 1), and only a correction page replaces committed history.
     if (!replace_uncommitted) return v;
     // Replace the abandoned attempt's durable outcomes that the page does not repeat
     // (same identity: kept and replayed), and rewind the applied position to below the

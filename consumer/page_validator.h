@@ -5,13 +5,18 @@
 //  * items strictly increasing by position, each inside [from, through.number], one
 //    block hash per block;
 //  * a non-correction page neither leaves a gap after the committed range nor
-//    conflicts with what was applied: an item at or below the applied prefix must be a
-//    replay of the same identity, and every applied event in the page's range must be
-//    in the page (overlap is fine, rewriting history is not);
+//    conflicts with committed history: an item inside the committed range must be a
+//    replay of the same identity (overlap is fine, rewriting history is not; an applied
+//    event the overlap leaves out stays, seed 000 walkthrough 1);
+//  * above the committed range, outcomes and holds written by an attempt a crash
+//    abandoned are replaced like a correction's when the page does not repeat them
+//    with the same identity (the provider never learned of them);
 //  * a non-empty page must advance the cursor.
 // A correction page (reorg: true) is the documented exception: its range replaces what
-// was applied there (delete and insert); the validator lists the orphaned positions
-// and how far the applied position rewinds. It never clamps `from` to the start block.
+// was applied there (delete and insert), up from `from` without end when it covers no
+// block (null through: the chain now ends below it); the validator lists the orphaned
+// positions and how far the applied position rewinds. It never clamps `from` to the
+// start block.
 //
 // Pure function of its inputs; thread-compatible.
 #ifndef HANDOFF_CONSUMER_PAGE_VALIDATOR_H_
@@ -45,8 +50,9 @@ struct PageVerdict {
   uint64_t correction_depth = 0;
 };
 
-// The position range a page covers: [from:0, through:max]; nullopt when it covers no
-// block (empty page with null through).
+// The position range a page replaces: [from:0, through:max]; for a correction with a
+// null through, everything from `from` up; nullopt when a non-correction page covers no
+// block (an empty page with a null through).
 std::optional<std::pair<Position, Position>> PageRange(const Page& page);
 
 PageVerdict ValidatePage(const Page& page, const std::string& request_cursor,

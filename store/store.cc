@@ -848,9 +848,10 @@ absl::StatusOr<CheckpointRecord> Store::CommitStep(Stage stage, StepBatch* step,
     *record.mutable_highest_safe() = *update.safe;
   }
   if (update.tip.has_value()) record.set_tip(*update.tip);
-  if (update.covered_through.has_value()) {
-    record.set_has_covered(update.covered_through->has_value());
-    record.set_covered_through(update.covered_through->value_or(0));
+  if (update.covered.has_value()) {
+    record.set_has_covered(update.covered->through.has_value());
+    record.set_covered_through(update.covered->through.value_or(0));
+    record.set_covered_open(update.covered->open);
   }
   const CounterRecord& d = update.counter_deltas;
   CounterRecord* c = record.mutable_counters();

@@ -194,8 +194,13 @@ struct CheckpointUpdate {
   std::optional<Mark> finalized;  // kept only if higher than the stored mark
   std::optional<Mark> safe;       // kept only if higher than the stored mark
   std::optional<uint64_t> tip;
-  // The committed page's `through` (set) or null through on an empty page (cleared).
-  std::optional<std::optional<uint64_t>> covered_through;
+  // The committed range after a barrier (unset: as it was; CheckpointRecord's
+  // covered_through and covered_open say what each means).
+  struct Covered {
+    std::optional<uint64_t> through;
+    bool open = false;
+  };
+  std::optional<Covered> covered;
   CounterRecord counter_deltas;   // added to the stored counters
 };
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "consumer/fault_points.h"
 #include "gtest/gtest.h"
 #include "tests/crash/harness.h"
@@ -69,6 +70,117 @@ void RunScenario(bool external_sink) {
 TEST(AbandonedAttemptReorg, NonCorrectionPageReplacesUncommittedReceipts) { RunScenario(false); }
 
 TEST(AbandonedAttemptReorg, WithAnImmediateSink) { RunScenario(true); }
+
+// The reorganised fork leaves an event out instead of changing it: the abandoned
+// attempt's outcome at 103 has no counterpart in the page, and no item conflicts with
+// any outcome. The old fork's 103 must not survive beside the new fork's 104.
+void RunOmissionScenario(bool external_sink) {
+  HarnessOptions o;
+  o.start_block = 100;
+  o.external_sink = external_sink;
+  Harness h(TempDir(external_sink ? "omitted-sink" : "omitted-rows"), o);
+  h.Open();
+  Script before;
+  before.cursors = {"100", "C1"};
+  before.pages.push_back(MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "C1"));
+  before.pages.push_back(
+      MakePage(102, 104, {MakeRow(102), MakeRow(103), MakeRow(104)}, "C2"));
+  h.Load(before);
+  ASSERT_EQ(h.Step().kind, Kind::kPromoted);
+  FaultPoints::ArmNth("ingest.before_event_commit", 3);
+  ASSERT_EQ(h.Step().kind, Kind::kCrashed);
+  h.Crash();
+  ASSERT_EQ(h.Checkpoint().applied_block(), 103u);
+
+  Script after;
+  after.cursors = {"100", "C1"};
+  after.pages.push_back(consumer::CopyOfPage(before.pages[0]));
+  after.pages.push_back(MakePage(102, 104, {MakeRow(102), MakeRow(104, 0, "b")}, "C2"));
+  h.Load(after);
+  PageAttempt::Result r = h.Step();
+  ASSERT_EQ(r.kind, Kind::kPromoted) << r.detail;
+  EXPECT_EQ(h.Checkpoint().resume_cursor(), "C2");
+  EXPECT_EQ(h.Checkpoint().applied_block(), 104u);
+  EXPECT_EQ(h.Rows().count(Position{103, 0}), 0u) << "the abandoned fork's 103 survived";
+  EXPECT_EQ(h.Rows(), ModelAfter(after, 2));
+  EXPECT_EQ(CheckComplete(h, after), "");
+}
+
+TEST(AbandonedAttemptReorg, OmittedEventIsReplaced) { RunOmissionScenario(false); }
+
+TEST(AbandonedAttemptReorg, OmittedEventIsReplacedWithAnImmediateSink) {
+  RunOmissionScenario(true);
+}
+
+// The first page of a deep correction is split by the page limit: the correction covers
+// 102-103, and the non-correction page after it, 104-106, carries the new fork's events
+// at other positions than the old fork's. The old fork's rows above the correction
+// (now above the committed range) must go too.
+TEST(AbandonedAttemptReorg, DeepCorrectionSplitAcrossPagesReplacesTheOldFork) {
+  HarnessOptions o;
+  o.start_block = 100;
+  Harness h(TempDir("split-correction"), o);
+  h.Open();
+  Script s;
+  s.cursors = {"100", "C1", "C2", "C3"};
+  s.pages.push_back(MakePage(100, 106, {MakeRow(100), MakeRow(102), MakeRow(104),
+                                        MakeRow(105, 1), MakeRow(106)},
+                             "C1"));
+  s.pages.push_back(MakePage(102, 103, {MakeRow(102, 0, "b"), MakeRow(103, 2, "b")}, "C2",
+                             /*reorg=*/true));
+  s.pages.push_back(MakePage(104, 106, {MakeRow(104, 3, "b"), MakeRow(105, 0, "b")}, "C3"));
+  h.Load(s);
+  ASSERT_EQ(h.Step().kind, Kind::kPromoted);
+  ASSERT_EQ(h.Step().kind, Kind::kPromoted);
+  PageAttempt::Result r = h.Step();
+  ASSERT_EQ(r.kind, Kind::kPromoted) << r.detail;
+  EXPECT_EQ(h.Checkpoint().resume_cursor(), "C3");
+  EXPECT_EQ(h.Rows(), ModelAfter(s, 3));
+  EXPECT_EQ(CheckComplete(h, s), "");
+}
+
+// A review hold written by the abandoned attempt for the old fork's event: the page at
+// the same cursor has the new fork's event at that position, and no row conflicts. The
+// hold is for an event that no longer exists: it must not survive to block nothing, be
+// listed to operators forever, or later be resolved over the new event's row.
+TEST(AbandonedAttemptReorg, HoldForTheOldForkIsReplaced) {
+  HarnessOptions o;
+  o.start_block = 100;
+  o.external_sink = true;
+  o.on_rejection = handoff::v1::REJECTION_POLICY_HOLD;
+  Harness h(TempDir("abandoned-hold"), o);
+  h.Open();
+  Script before;
+  before.cursors = {"100", "C1"};
+  before.pages.push_back(MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "C1"));
+  before.pages.push_back(
+      MakePage(102, 104, {MakeRow(102), MakeRow(103), MakeRow(104)}, "C2"));
+  h.Load(before);
+  const std::string old_103 = absl::StrFormat("0xa%062x", 103);
+  h.sink().SetScript([old_103](const std::string& key, int) {
+    consumer::SinkAnswer a;
+    a.kind = key.find(old_103) != std::string::npos ? consumer::SinkAnswer::Kind::kNeedsReview
+                                                    : consumer::SinkAnswer::Kind::kApplied;
+    return a;
+  });
+  ASSERT_EQ(h.Step().kind, Kind::kPromoted);
+  ASSERT_EQ(h.Step().kind, Kind::kBlockedOnHold);
+  ASSERT_EQ(h.Holds().size(), 1u);
+  h.Crash();
+
+  Script after;
+  after.cursors = {"100", "C1"};
+  after.pages.push_back(consumer::CopyOfPage(before.pages[0]));
+  after.pages.push_back(MakePage(
+      102, 104, {MakeRow(102), MakeRow(103, 0, "b"), MakeRow(104, 0, "b")}, "C2"));
+  h.Load(after);
+  PageAttempt::Result r = h.Step();
+  ASSERT_EQ(r.kind, Kind::kPromoted) << r.detail;
+  EXPECT_EQ(h.Checkpoint().resume_cursor(), "C2");
+  EXPECT_TRUE(h.Holds().empty()) << "the old fork's hold survived: "
+                                 << h.Holds().front().ShortDebugString();
+  EXPECT_EQ(CheckComplete(h, after), "");
+}
 
 // A conflict inside the committed range is still a contract violation.
 TEST(AbandonedAttemptReorg, ConflictBelowTheCommittedRangeStillHalts) {

@@ -1,6 +1,8 @@
 #include "tests/crash/harness.h"
 
 #include <limits>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "consumer/fault_points.h"
@@ -187,14 +189,27 @@ absl::StatusOr<handoff::v1::ResolveHoldResponse> Harness::Resolve(
   return manager_->ResolveHold(req, "test-operator");
 }
 
+namespace {
+
+// The blocks whose rows a page replaces (the contract's delete-and-insert rule): [from,
+// through]; from `from` up for a correction that covers no block; none for any other
+// page that covers no block.
+std::optional<std::pair<uint64_t, uint64_t>> ReplacedBlocks(const consumer::Page& p) {
+  if (p.through.has_value()) return std::make_pair(p.from, p.through->number);
+  if (p.reorg) return std::make_pair(p.from, std::numeric_limits<uint64_t>::max());
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::map<Position, std::string> ModelAfter(const Script& script, size_t k) {
   std::map<Position, std::string> model;
   const uint64_t kMax = std::numeric_limits<uint64_t>::max();
   for (size_t i = 0; i < k && i < script.pages.size(); ++i) {
     const consumer::Page& p = script.pages[i];
-    if (p.through.has_value()) {
-      model.erase(model.lower_bound(Position{p.from, 0}),
-                  model.upper_bound(Position{p.through->number, kMax}));
+    if (const auto blocks = ReplacedBlocks(p); blocks.has_value()) {
+      model.erase(model.lower_bound(Position{blocks->first, 0}),
+                  model.upper_bound(Position{blocks->second, kMax}));
     }
     for (const handoff::v1::EventRow& row : p.items) {
       model[Position{row.block_number(), row.log_index()}] = row.block_hash();
@@ -212,13 +227,17 @@ std::string CheckInvariants(Harness& h, const Script& script) {
   std::map<Position, std::string> rows = h.Rows();
   std::map<Position, std::string> model = ModelAfter(script, k);
   const consumer::Page* current = k < script.pages.size() ? &script.pages[k] : nullptr;
+  // The blocks a correction in flight is replacing.
+  const std::optional<std::pair<uint64_t, uint64_t>> replacing =
+      current != nullptr && current->reorg ? ReplacedBlocks(*current) : std::nullopt;
+  auto being_replaced = [&replacing](Position pos) {
+    return replacing.has_value() && pos.block >= replacing->first &&
+           pos.block <= replacing->second;
+  };
   // 1. The cursor never moved past a non-terminal event: every event of the committed
   //    pages is durable (except what the page in flight is replacing).
   for (const auto& [pos, hash] : model) {
-    if (current != nullptr && current->reorg && current->through.has_value() &&
-        pos.block >= current->from && pos.block <= current->through->number) {
-      continue;
-    }
+    if (being_replaced(pos)) continue;
     auto it = rows.find(pos);
     if (it == rows.end() || it->second != hash) {
       return absl::StrCat("cursor ", cp.resume_cursor(), " is past event ", pos.DebugString(),
@@ -235,11 +254,9 @@ std::string CheckInvariants(Harness& h, const Script& script) {
       return absl::StrCat("applied position ", applied.DebugString(),
                           " exceeds the durable prefix: ", pos.DebugString(), " is missing");
     };
-    const bool correcting = current != nullptr && current->reorg && current->through.has_value();
+    const bool correcting = replacing.has_value();
     for (const auto& [pos, hash] : model) {
-      if (correcting && pos.block >= current->from && pos.block <= current->through->number) {
-        continue;
-      }
+      if (being_replaced(pos)) continue;
       if (std::string e = require(pos); !e.empty()) return e;
     }
     if (current != nullptr) {

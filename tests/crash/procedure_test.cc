@@ -2,8 +2,10 @@
 // corrections, stale concurrent retries with real threads, and the seed's "common
 // unsafe shortcuts", each shown impossible.
 #include <atomic>
+#include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -299,6 +301,89 @@ TEST(EmptyPages, NonAdvancingTokenNeverPassesTheBarrier) {
   EXPECT_EQ(after.resume_cursor(), before.resume_cursor());
   EXPECT_EQ(after.version(), before.version());
   EXPECT_EQ(after.step_seq(), before.step_seq()) << "nothing was written";
+}
+
+// An empty page that covers no block (null through) but moves the cursor keeps the
+// committed range: a later non-correction page that rewrites committed history still
+// halts. The range is open above it (the cursor moved past blocks the page did not
+// name), so the next page may start further on; once a page names its blocks again, a
+// gap after them halts again.
+TEST(EmptyPages, NullThroughKeepsTheCommittedRangeChecked) {
+  auto run = [](const std::string& dir, std::vector<consumer::Page> later) {
+    auto h = std::make_unique<Harness>(consumer::testing::TestDir(dir), HarnessOptions{});
+    h->Open();
+    Script s;
+    s.cursors = {"100", "N1"};
+    s.pages.push_back(MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "N1"));
+    consumer::Page empty_null_through;
+    empty_null_through.from = 102;
+    empty_null_through.next = "N2";
+    s.pages.push_back(std::move(empty_null_through));
+    for (consumer::Page& p : later) {
+      s.cursors.push_back(s.pages.back().next);
+      s.pages.push_back(std::move(p));
+    }
+    h->Load(s);
+    EXPECT_EQ(h->Step().kind, Kind::kPromoted);
+    EXPECT_EQ(h->Step().kind, Kind::kPromoted);
+    EXPECT_TRUE(h->Checkpoint().has_covered());
+    EXPECT_EQ(h->Checkpoint().covered_through(), 101u);
+    EXPECT_TRUE(h->Checkpoint().covered_open());
+    return h;
+  };
+  {
+    std::vector<consumer::Page> later;
+    later.push_back(MakePage(101, 102, {MakeRow(101, 0, "b"), MakeRow(102)}, "N3"));
+    std::unique_ptr<Harness> h = run("null-through-conflict", std::move(later));
+    const PageAttempt::Result r = h->Step();
+    EXPECT_EQ(r.kind, Kind::kViolation) << r.detail;
+    EXPECT_NE(r.detail.find("conflicting identity"), std::string::npos) << r.detail;
+    EXPECT_EQ(h->Rows().count(P(102)), 0u) << "nothing of the page was applied";
+  }
+  {
+    std::vector<consumer::Page> later;
+    later.push_back(MakePage(150, 151, {MakeRow(150)}, "N3"));
+    later.push_back(MakePage(160, 161, {MakeRow(160)}, "N4"));
+    std::unique_ptr<Harness> h = run("null-through-open", std::move(later));
+    EXPECT_EQ(h->Step().kind, Kind::kPromoted) << "the range is open above block 101";
+    EXPECT_FALSE(h->Checkpoint().covered_open());
+    EXPECT_EQ(h->Checkpoint().covered_through(), 151u);
+    const PageAttempt::Result r = h->Step();
+    EXPECT_EQ(r.kind, Kind::kViolation) << r.detail;
+    EXPECT_NE(r.detail.find("gap"), std::string::npos) << r.detail;
+  }
+}
+
+// A correction that covers no block (null through): the chain now ends below `from`, so
+// what was applied from there up was on the abandoned fork, and goes; the applied
+// position and the committed range end below `from`. The new fork's blocks then come as
+// ordinary pages.
+TEST(Corrections, NullThroughReplacesEverythingFromItsStart) {
+  Harness h(consumer::testing::TestDir("reorg-null-through"), HarnessOptions{});
+  h.Open();
+  Script s;
+  s.cursors = {"100", "R1", "R2"};
+  s.pages.push_back(MakePage(100, 105, {MakeRow(100), MakeRow(102), MakeRow(104), MakeRow(105)},
+                             "R1"));
+  consumer::Page shrink;
+  shrink.from = 103;
+  shrink.reorg = true;
+  shrink.next = "R2";
+  s.pages.push_back(std::move(shrink));
+  s.pages.push_back(MakePage(103, 104, {MakeRow(103, 0, "b"), MakeRow(104, 1, "b")}, "R3"));
+  h.Load(s);
+  ASSERT_EQ(h.Step().kind, Kind::kPromoted);
+  PageAttempt::Result r = h.Step();
+  ASSERT_EQ(r.kind, Kind::kPromoted) << r.detail;
+  EXPECT_EQ(h.Rows(), ModelAfter(s, 2));
+  EXPECT_EQ(h.Rows().count(P(104)), 0u) << "the abandoned fork's 104 survived";
+  ASSERT_TRUE(h.Checkpoint().has_applied());
+  EXPECT_LT(Applied(h.Checkpoint()), P(103)) << "applied stays below the replaced blocks";
+  EXPECT_EQ(h.Checkpoint().covered_through(), 102u);
+  EXPECT_EQ(CheckInvariants(h, s), "");
+  r = h.Step();
+  ASSERT_EQ(r.kind, Kind::kPromoted) << r.detail;
+  EXPECT_EQ(CheckComplete(h, s), "");
 }
 
 TEST(Corrections, ReorgReplacesTheRangeEvenBelowTheStartBlock) {

@@ -79,6 +79,11 @@ PageAttempt::Result PageAttempt::Run() {
   } else {
     absl::Status s = RefreshBlocked();
     if (!s.ok()) return Make(Kind::kStorageFailed, std::string(s.message()), s);
+    if (stale_) {
+      return Make(Kind::kLostRace,
+                  "a hold this attempt waited on was removed without a decision (a "
+                  "correction replaced its event): rereading");
+    }
   }
   return config_.sink != nullptr ? ProcessWithSink() : ProcessLocal();
 }
@@ -157,7 +162,7 @@ PageAttempt::Result PageAttempt::Validate() {
 
 absl::Status PageAttempt::RefreshBlocked() {
   // A hold may have been resolved while we waited: QUARANTINE/IGNORE wrote a terminal
-  // receipt (and removed the hold), RETRY removed the hold.
+  // receipt (and removed the hold), RETRY wrote a new RETRYING version of it.
   size_t first = FirstNonTerminal();
   if (first >= slots_.size()) return absl::OkStatus();
   absl::StatusOr<ReceiptLedger> ledger =
@@ -183,10 +188,12 @@ absl::Status PageAttempt::RefreshBlocked() {
         slot.state = SlotState::kHeld;
       }
     } else if (slot.state != SlotState::kPending) {
-      // RETRY resolution: the hold is gone; deliver again now, attempts reset.
-      slot.state = SlotState::kPending;
-      slot.hold.reset();
-      slot.retry_at = absl::InfinitePast();
+      // The hold is gone without a terminal outcome. No resolution does that (RETRY
+      // writes a new RETRYING version): a correction replaced the event (the ingest
+      // stage deletes the delivery stage's holds of its orphans and fences this
+      // stage). This attempt's events are stale: deliver nothing, reread.
+      stale_ = true;
+      return absl::OkStatus();
     }
   }
   return absl::OkStatus();

@@ -184,6 +184,8 @@ class PageAttempt {
   };
 
   Result Validate();
+  // Rereads the blocked events' holds and receipts; sets stale_ when one's hold vanished
+  // without a terminal outcome.
   absl::Status RefreshBlocked();
   Result ProcessLocal();
   Result ProcessWithSink();
@@ -226,6 +228,8 @@ class PageAttempt {
 
   store::CheckpointRecord checkpoint_;
   bool validated_ = false;
+  // A hold this attempt waited on vanished without a decision: its events are stale.
+  bool stale_ = false;
   bool orphans_pending_ = false;
   std::vector<Position> orphans_;
   uint64_t correction_depth_ = 0;

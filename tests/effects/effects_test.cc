@@ -451,6 +451,43 @@ TEST(Effects, SafeGateDeliversTheEventsOfAReorgBelowWhatWasDelivered) {
   }
 }
 
+// A delivery held for an operator whose event a correction then replaces: the hold goes
+// with the orphaned event, and the held event is never sent again (nobody decided to
+// retry it); the replacing events are delivered.
+TEST(Effects, AHeldEventThatACorrectionReplacesIsNeverSentAgain) {
+  Rig rig(consumer::testing::TestDir("held-then-reorged"));
+  FakeProvider& provider = rig.provider("held");
+  provider.SetPage("100",
+                   WithMarks(MakePage(100, 103, TwoEventsPerBlock(100, 103, "a"), "c1"), 100, 103));
+  handoff::sim::v1::FaultConfig faults;
+  faults.mutable_reject()->add_idempotency_keys(KeyOf("held", 103, 0, "a"));
+  rig.sink()->SetFaults(faults);
+  handoff::v1::SourceSpec spec = rig.Spec("held", handoff::v1::DELIVERY_GATE_SAFE);
+  spec.mutable_failure_policy()->set_on_rejection(handoff::v1::REJECTION_POLICY_HOLD);
+  rig.Create(spec);
+  const std::optional<handoff::v1::Hold> hold = TheOnlyHold(rig, "held");
+  ASSERT_TRUE(hold.has_value());
+  EXPECT_EQ(hold->event().block_number(), 103u);
+  ASSERT_EQ(rig.sink()->stats().rejected(), 1u);
+  // Blocks 102-104 reorganise (fork "b"); the sink would still refuse the old 103:0.
+  provider.SetPage(
+      "c1", WithMarks(MakePage(102, 104, TwoEventsPerBlock(102, 104, "b"), "c2", /*reorg=*/true),
+                      101, 104));
+  ASSERT_TRUE(rig.WaitFor("held", [](const handoff::v1::Progress& p) {
+    return DeliveredThrough(p, 104, 1) && p.counters().corrections() == 1;
+  })) << "delivery never reached 104:1 after the correction";
+  EXPECT_EQ(rig.sink()->stats().rejected(), 1u)
+      << "the held event, replaced by the correction, was sent to the sink again";
+  handoff::v1::ListHoldsRequest lh;
+  lh.set_source_id("held");
+  absl::StatusOr<handoff::v1::ListHoldsResponse> holds = rig.manager()->ListHolds(lh);
+  ASSERT_TRUE(holds.ok()) << holds.status();
+  EXPECT_EQ(holds->holds_size(), 0) << holds->ShortDebugString();
+  std::map<std::string, sim::SinkRecord> records = rig.Records();
+  EXPECT_EQ(records.count(KeyOf("held", 103, 0, "b")), 1u);
+  EXPECT_EQ(records.count(KeyOf("held", 103, 0, "a")), 0u);
+}
+
 // The deep SAFE reorg again, with the process crashing at each delivery step of the
 // delivery that follows the correction (the one that starts below what was delivered):
 // after the restart every replacing event is delivered, with its receipt.

@@ -46,6 +46,8 @@ namespace {
 using Kind = PageAttempt::Result::Kind;
 
 constexpr char kNoNewEvents[] = "no new events";
+// The least time between two heartbeats a stream's worker takes (IngestLoop).
+constexpr absl::Duration kStreamHeartbeatFloor = absl::Milliseconds(100);
 
 // Pages of at most this many events are destroyed inline: handing them to the
 // deleter would cost a thread wake-up, more than freeing them.
@@ -443,6 +445,8 @@ void SourceWorker::IngestLoop() {
   // Caught up: the last poll found nothing new. The state stays BACKING_OFF ("no new
   // events") across the next polls instead of flipping to RUNNING and back for each.
   bool idle = false;
+  // When the last heartbeat of a stream was taken (nothing-new from a stream).
+  absl::Time last_heartbeat = absl::InfinitePast();
   int malformed = 0;
   const std::string identity = store::IdentityHash(spec_);
   bool running_published = false;
@@ -560,6 +564,23 @@ void SourceWorker::IngestLoop() {
     if (nothing_new && go_on) unchanged = attempt->checkpoint();
     Release(std::move(attempt));
     if (!go_on) break;
+    if (nothing_new && !parts_.provider->PolledPerFetch()) {
+      // A stream's heartbeat: nothing is asked again, the provider pushes the next frame
+      // when it has one, and the next Fetch waits for it (no CPU). Sleeping the idle
+      // backoff here would hold a page queued right behind the heartbeat (and leave the
+      // socket unread), so a stream whose heartbeats come more often than the backoff
+      // would fall further behind. Still "no new events", with no retry due. A floor
+      // between two heartbeats keeps a provider that floods them (or a stream that
+      // answers "nothing new" without waiting) from spinning the worker.
+      SetState(handoff::v1::SOURCE_STATE_BACKING_OFF, kNoNewEvents);
+      idle = true;
+      if (absl::Now() - last_heartbeat < kStreamHeartbeatFloor) {
+        bool unused = false;
+        if (WaitUntil(last_heartbeat + kStreamHeartbeatFloor, &unused) == Wake::kStopped) break;
+      }
+      last_heartbeat = absl::Now();
+      continue;
+    }
     if (nothing_new) {
       // Nothing new yet: wait before asking again, never spin. Only the first empty
       // poll changes the state (and is logged); later ones move retry_at.

@@ -72,7 +72,8 @@ struct WorkerOptions {
   // but equal jitter, so 1000 idle sources poll about every 15-30 s each, not at
   // random moments down to 0.1 s; and coalesced on a 250 ms grid, so the polls of the
   // sources whose waits end within a step go out in one burst (one wake-up of the
-  // machine; BackoffPolicy::coalesce).
+  // machine; BackoffPolicy::coalesce). Polled providers only: after a stream's
+  // heartbeat the worker reads the stream again at once (the provider pushes).
   BackoffPolicy idle_backoff = [] {
     BackoffPolicy p;
     p.jitter_floor = 0.5;

@@ -27,6 +27,10 @@ constexpr absl::Duration kMaxPrefetchAge = absl::Seconds(5);
 // Polled pages fetched ahead of the one the engine asked for last, at most.
 constexpr size_t kPrefetchDepth = 2;
 constexpr size_t kMaxMessage = 300;
+constexpr char kRedacted[] = "[redacted]";
+// A message may not end in this many or more leading bytes of the secret (a cut, ours
+// or the provider's, inside it). Shorter ends are too common in text to mean anything.
+constexpr size_t kMinSecretFragment = 4;
 
 std::string UrlEscape(absl::string_view s) {
   static constexpr char kHex[] = "0123456789ABCDEF";
@@ -44,11 +48,72 @@ std::string UrlEscape(absl::string_view s) {
   return out;
 }
 
+// `secret` as a JSON string re-serialised by simdjson spells it (the funding action is
+// minified from the parsed body): `"` and `\` escaped, control bytes as \b \f \n \r \t
+// or \u00XX. Empty when that is the secret itself, or it is not valid UTF-8.
+std::string JsonSpelling(absl::string_view secret) {
+  bool plain = true;
+  for (unsigned char c : secret) plain &= c >= 0x20 && c != '"' && c != '\\';
+  if (plain) return "";
+  // Any valid escaping will do here: simdjson reads it and writes its own.
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string literal = "[\"";
+  for (unsigned char c : secret) {
+    if (c == '"' || c == '\\') {
+      literal.push_back('\\');
+      literal.push_back(static_cast<char>(c));
+    } else if (c < 0x20) {
+      absl::StrAppend(&literal, "\\u00", std::string(1, kHex[c >> 4]),
+                      std::string(1, kHex[c & 15]));
+    } else {
+      literal.push_back(static_cast<char>(c));
+    }
+  }
+  literal += "\"]";
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  if (parser.parse(literal).get(doc) != simdjson::SUCCESS) return "";
+  const std::string minified = simdjson::minify(doc);  // ["..."]
+  if (minified.size() < 4) return "";
+  return minified.substr(2, minified.size() - 4);
+}
+
+// Replaces every occurrence of `secret`, as is or in its JSON spelling, in `*text`.
+void Redact(absl::string_view secret, std::string* text) {
+  if (secret.empty()) return;
+  absl::StrReplaceAll({{secret, kRedacted}}, text);
+  const std::string spelled = JsonSpelling(secret);
+  if (!spelled.empty()) absl::StrReplaceAll({{spelled, kRedacted}}, text);
+}
+
+// Redacts `secret` in the whole of `*text`, then cuts it to at most `max` bytes (at a
+// UTF-8 character boundary), then redacts a start of the secret left at its end (the
+// marker may end a few bytes past `max`): a secret the provider cut itself leaves no
+// part of it behind either.
+void RedactAndCut(absl::string_view secret, size_t max, std::string* text) {
+  Redact(secret, text);
+  if (text->size() > max) {
+    size_t end = max;
+    while (end > 0 && (static_cast<unsigned char>((*text)[end]) & 0xC0) == 0x80) --end;
+    text->resize(end);
+  }
+  if (secret.empty()) return;
+  const std::string spelled = JsonSpelling(secret);
+  for (absl::string_view form : {secret, absl::string_view(spelled)}) {
+    for (size_t n = std::min(form.size(), text->size()); n >= kMinSecretFragment; --n) {
+      if (absl::EndsWith(*text, form.substr(0, n))) {
+        text->replace(text->size() - n, n, kRedacted);
+        break;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 Refusal ClassifyRefusal(int http_status, absl::string_view body,
                         std::optional<absl::Duration> retry_after_header,
-                        std::optional<int64_t> sse_retry_ms) {
+                        std::optional<int64_t> sse_retry_ms, absl::string_view secret) {
   Refusal r;
   r.http_status = http_status;
   std::string provider_message;
@@ -128,7 +193,11 @@ Refusal ClassifyRefusal(int http_status, absl::string_view body,
     // 400, 409 cursor_mismatch (or another 409: not transient), other 4xx and 3xx.
     r.kind = RefusalKind::kConfigInvalid;
   }
-  if (provider_message.size() > kMaxMessage) provider_message.resize(kMaxMessage);
+  // Redacted before the message is cut: a cut first could leave part of the secret,
+  // which a later redaction of the whole secret would not find.
+  RedactAndCut(secret, kMaxMessage, &provider_message);
+  Redact(secret, &r.code);
+  Redact(secret, &r.funding_action_json);
   r.message = absl::StrCat(http_status == 0 ? std::string("SSE error control")
                                             : absl::StrCat("HTTP ", http_status),
                            r.code.empty() ? "" : " ", r.code,
@@ -222,10 +291,10 @@ std::string HttpProvider::UrlPrefix(absl::string_view path) const {
 }
 
 Refusal HttpProvider::Scrub(Refusal r) const {
-  if (!options_.api_key.empty()) {
-    for (std::string* s : {&r.message, &r.code, &r.funding_action_json}) {
-      absl::StrReplaceAll({{options_.api_key, "[redacted]"}}, s);
-    }
+  // Refusals classified here are redacted already (ClassifyRefusal, before its cut);
+  // this covers the rest (libcurl's error text, parse errors) and every field again.
+  for (std::string* s : {&r.message, &r.code, &r.funding_action_json}) {
+    Redact(options_.api_key, s);
   }
   return r;
 }
@@ -441,12 +510,17 @@ std::optional<FetchResult> HttpProvider::TakePrefetch(const std::string& cursor)
       chain_over = chain_ended_ && prefetched_.empty();
     }
   }
-  const bool usable = taken.has_value() && taken->result.page.has_value() &&
-                      prefetch_generation_ == close_generation_.load() &&
-                      absl::Now() - taken->started < kMaxPrefetchAge;
+  // A refusal is the provider's answer to this cursor's request, as it would be to the
+  // Fetch's own: asking again at once would defy its Retry-After (or retry_after), or
+  // send a refused key a second time. So it is handed out whatever its age: what it says
+  // ("not before", "stop") does not go stale the way a page does, and the engine's
+  // wait, counted from now, can only be longer than the provider asked.
+  const bool usable = taken.has_value() && prefetch_generation_ == close_generation_.load() &&
+                      (!taken->result.page.has_value() ||
+                       absl::Now() - taken->started < kMaxPrefetchAge);
   if (!usable) {
-    // The engine did not commit the page the chain followed (or it is stale): drop
-    // the speculation.
+    // The engine did not commit the page the chain followed (or it is stale, or a
+    // Close() came since): drop the speculation.
     taken.reset();
     StopPrefetch();
     return std::nullopt;
@@ -501,7 +575,7 @@ FetchResult HttpProvider::PollWith(CurlSession* session, const std::string& curs
   if (handler.error_capped()) {
     return FetchResult::Refused(Scrub(ClassifyRefusal(handler.response().status, body,
                                                       handler.response().retry_after,
-                                                      std::nullopt)));
+                                                      std::nullopt, options_.api_key)));
   }
   if (result.idle_timeout) {
     return Transient("timeout", absl::StrCat("no data from the provider for ",
@@ -529,8 +603,8 @@ FetchResult HttpProvider::PollWith(CurlSession* session, const std::string& curs
   }
   const int status = handler.response().status;
   if (status != 200) {
-    return FetchResult::Refused(
-        Scrub(ClassifyRefusal(status, body, handler.response().retry_after, std::nullopt)));
+    return FetchResult::Refused(Scrub(ClassifyRefusal(
+        status, body, handler.response().retry_after, std::nullopt, options_.api_key)));
   }
   absl::StatusOr<Page> page = poll_parser_.ParseOwned(&body);
   slot.ReturnBuffer();
@@ -676,8 +750,11 @@ class StreamHandler : public CurlSession::Handler {
  public:
   using SlotReserve = std::function<std::optional<PageSlot>()>;
   using PagePush = std::function<bool(Page)>;
-  StreamHandler(size_t max_page_bytes, SlotReserve reserve, PagePush push)
+  // `secret` (the API key) is redacted from the refusal of an `event: error` control.
+  StreamHandler(size_t max_page_bytes, absl::string_view secret, SlotReserve reserve,
+                PagePush push)
       : max_page_bytes_(max_page_bytes),
+        secret_(secret),
         sse_(max_page_bytes + 4096, PageParser::Padding()),
         reserve_(std::move(reserve)),
         push_(std::move(push)) {}
@@ -732,7 +809,7 @@ class StreamHandler : public CurlSession::Handler {
  private:
   bool OnFrame(SseFrame frame) {
     if (frame.event == "error") {
-      terminal_ = ClassifyRefusal(0, frame.data, std::nullopt, frame.retry_ms);
+      terminal_ = ClassifyRefusal(0, frame.data, std::nullopt, frame.retry_ms, secret_);
       return false;  // the provider closes after a control; so do we
     }
     if (!frame.event.empty() && frame.event != "message") return true;  // unknown: ignored
@@ -758,6 +835,7 @@ class StreamHandler : public CurlSession::Handler {
   }
 
   const size_t max_page_bytes_;
+  const absl::string_view secret_;
   SseParser sse_;
   PageParser parser_;
   SlotReserve reserve_;
@@ -786,7 +864,8 @@ void HttpProvider::ReaderMain(std::string cursor, uint64_t stream_id) {
   req.header_timeout = options_.read_timeout;
   req.body_idle_timeout = options_.sse_silence_timeout;
   StreamHandler handler(
-      options_.max_page_bytes, [this, stream_id] { return ReserveForPage(stream_id); },
+      options_.max_page_bytes, options_.api_key,
+      [this, stream_id] { return ReserveForPage(stream_id); },
       [this, stream_id](Page page) { return PushPage(std::move(page), stream_id); });
   CurlSession::Result result =
       stream_session_->Run(req, &handler, [this] { return ReaderStopped(); });
@@ -812,7 +891,8 @@ void HttpProvider::ReaderMain(std::string cursor, uint64_t stream_id) {
   if (handler.response().status != 200 && handler.response().status != 0 &&
       (result.code == CURLE_OK || !handler.error_body().empty())) {
     PushTerminal(ClassifyRefusal(handler.response().status, handler.error_body(),
-                                 handler.response().retry_after, std::nullopt),
+                                 handler.response().retry_after, std::nullopt,
+                                 options_.api_key),
                  stream_id);
     return;
   }

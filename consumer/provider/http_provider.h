@@ -13,11 +13,13 @@
 // commits, and the provider renders a page while the one before it is parsed. A
 // speculative page is only handed out by a later Fetch(N), that is, once the engine has
 // durably committed N as its resume cursor (the barrier); any other Fetch(c') (a failed
-// or lost commit rereads an older cursor), a Close() or a refusal discards the chain,
-// and so does age (a prefetched page older than kMaxPrefetchAge is fetched again). Nothing of a speculative page is
-// published or applied before its cursor is committed, so "the next request only after
-// the page is committed" still holds for everything the engine acts on; the provider
-// merely sees the read earlier.
+// or lost commit rereads an older cursor) or a Close() discards the chain, and so does
+// age (a prefetched page older than kMaxPrefetchAge is fetched again). A refusal ends
+// the chain and is the answer to its request: Fetch(N) returns it as a Fetch of its own
+// would have (it is not asked again at once, whatever its age). Nothing of a
+// speculative page is published or applied before its cursor is committed, so "the next
+// request only after the page is committed" still holds for everything the engine acts
+// on; the provider merely sees the read earlier.
 // SSE (TRANSPORT_SSE): a reader thread holds GET {base}/v1/stream open, parses frames
 // and pages as they arrive, and buffers at most `sse_buffered_pages` pages ahead (then
 // stops reading the socket), so fetching and parsing overlap the engine's commit.
@@ -31,7 +33,8 @@
 //    refusal the next Fetch reconnects. "latest" is sent as from=latest without a
 //    Last-Event-ID header; any other cursor as both from= and Last-Event-ID.
 //  - The API key only ever goes into the Authorization header: it is never logged and
-//    is scrubbed from every Refusal.
+//    is scrubbed from every Refusal, also in its JSON spelling and before a provider's
+//    message is cut (no part of it is left at the cut).
 //  - A body or frame larger than max_page_bytes is refused as kMalformedPage (code
 //    "page_too_large": the same cursor would get the same page, so this must not be
 //    retried forever like a transient failure) and its transfer is aborted at once
@@ -110,8 +113,6 @@ struct HttpProviderOptions {
   std::string user_agent = "handoff/1";
 };
 
-// Maps a refused HTTP response (status != 200) or, with http_status 0, an SSE
-// `event: error` control's data to a Refusal. Exposed for tests.
 // The adapter options a source spec implies: base URL, chain, source, filter, page
 // limit and transport (the API key is resolved by the caller, timeouts keep defaults).
 HttpProviderOptions OptionsForSpec(const handoff::v1::SourceSpec& spec);
@@ -119,9 +120,13 @@ HttpProviderOptions OptionsForSpec(const handoff::v1::SourceSpec& spec);
 // HttpProvider::Create, as the Provider a SourceManager factory returns.
 absl::StatusOr<std::unique_ptr<Provider>> MakeHttpProvider(HttpProviderOptions options);
 
+// Maps a refused HTTP response (status != 200) or, with http_status 0, an SSE
+// `event: error` control's data to a Refusal. Exposed for tests. `secret` (the API key;
+// empty: none) is redacted from the provider's text, as is and in its JSON spelling,
+// before that text is cut to its 300 bytes, and no start of it is left at the cut.
 Refusal ClassifyRefusal(int http_status, absl::string_view body,
                         std::optional<absl::Duration> retry_after_header,
-                        std::optional<int64_t> sse_retry_ms);
+                        std::optional<int64_t> sse_retry_ms, absl::string_view secret = {});
 
 class CurlSession;
 
@@ -168,10 +173,10 @@ class HttpProvider : public Provider {
                        const std::atomic<bool>* stop, PageSlot slot);
   // Interrupts the polled request in flight, if any, and the stream's transfer.
   void WakeTransfers() ABSL_LOCKS_EXCLUDED(poll_mu_);
-  // The chain's page for `cursor`, if it is the chain's next and still usable (waited
-  // for while in flight); otherwise nullopt, and the chain is stopped and its pages
-  // dropped. Either way the Fetch thread may poll itself when it returns nullopt. Called
-  // on the Fetch thread only.
+  // The chain's result for `cursor`, if it is the chain's next and still usable (waited
+  // for while in flight): a page, or the refusal its request got; otherwise nullopt, and
+  // the chain is stopped and its pages dropped, and the Fetch thread polls itself.
+  // Called on the Fetch thread only.
   std::optional<FetchResult> TakePrefetch(const std::string& cursor);
   // Starts the prefetch chain at `cursor` (its first page under `slot`).
   // REQUIRES: no chain running (!prefetch_.busy()).

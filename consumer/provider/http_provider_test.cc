@@ -1,7 +1,10 @@
 // HttpProvider against the in-process ProviderSim over real loopback HTTP.
 #include "consumer/provider/http_provider.h"
 
+#include <httplib.h>
+
 #include <atomic>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -10,6 +13,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "consumer/provider/curl_session.h"
 #include "gtest/gtest.h"
@@ -21,6 +26,104 @@ namespace {
 using sim::Fault;
 
 constexpr char kToken[] = "s3cr3t-T0KEN-value";
+
+// A provider whose answers are scripted per `from` cursor (/v1/pages and /v1/stream
+// alike) and whose requests are counted per cursor: for tests that need one given
+// request, and only that one, refused. A one-shot fault of the simulator goes to
+// whichever request comes first, the Fetch's own or its prefetch's.
+class ScriptedProvider {
+ public:
+  struct Answer {
+    int status = 200;
+    std::string body;
+    std::string content_type = "application/json";
+    std::string retry_after;  // the Retry-After header, when not empty
+  };
+
+  ScriptedProvider() {
+    auto handle = [this](const httplib::Request& req, httplib::Response& res) {
+      const std::string from = req.get_param_value("from");
+      Answer answer{400, R"({"error":"invalid_request","details":{"message":"unscripted"}})"};
+      {
+        absl::MutexLock lock(&mu_);
+        ++requests_[from];
+        auto it = answers_.find(from);
+        if (it != answers_.end()) answer = it->second;
+      }
+      if (!answer.retry_after.empty()) res.set_header("Retry-After", answer.retry_after);
+      res.status = answer.status;
+      res.set_content(answer.body, answer.content_type.c_str());
+    };
+    server_.Get("/v1/pages", handle);
+    server_.Get("/v1/stream", handle);
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    listener_ = std::thread([this] { server_.listen_after_bind(); });
+    // stop() is a no-op until the listen loop runs.
+    while (port_ > 0 && !server_.is_running()) std::this_thread::yield();
+  }
+  ~ScriptedProvider() {
+    server_.stop();
+    listener_.join();
+  }
+
+  std::string base_url() const { return absl::StrCat("http://127.0.0.1:", port_); }
+
+  void Set(const std::string& from, Answer answer) {
+    absl::MutexLock lock(&mu_);
+    answers_[from] = std::move(answer);
+  }
+
+  int Requests(const std::string& from) const {
+    absl::MutexLock lock(&mu_);
+    auto it = requests_.find(from);
+    return it == requests_.end() ? 0 : it->second;
+  }
+
+  bool WaitForRequests(const std::string& from, int n, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto it = requests_.find(from);
+      return it != requests_.end() && it->second >= n;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+  }
+
+  // A valid empty page from `from_block` whose `next` is `next` (it advances).
+  static Answer EmptyPage(uint64_t from_block, const std::string& next) {
+    return Answer{200, absl::StrCat(R"({"from":)", from_block, R"(,"through":null,"next":")",
+                                    next, R"(","reorg":false,"safe":null,"finalized":null,)",
+                                    R"("tip":null,"items":[]})")};
+  }
+
+ private:
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread listener_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Answer> answers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> requests_ ABSL_GUARDED_BY(mu_);
+};
+
+HttpProviderOptions ScriptedOptions(const ScriptedProvider& server,
+                                    handoff::v1::Transport transport) {
+  HttpProviderOptions o;
+  o.base_url = server.base_url();
+  o.chain = "sim";
+  o.source = "logs";
+  o.filter = "all";
+  o.transport = transport;
+  o.api_key = kToken;
+  o.read_timeout = absl::Seconds(20);
+  return o;
+}
+
+// Whether `text` holds any `min_length` consecutive bytes of `secret`.
+bool HasFragmentOf(absl::string_view text, absl::string_view secret, size_t min_length) {
+  for (size_t i = 0; i + min_length <= secret.size(); ++i) {
+    if (absl::StrContains(text, secret.substr(i, min_length))) return true;
+  }
+  return false;
+}
 
 class HttpProviderTest : public ::testing::Test {
  protected:
@@ -777,6 +880,161 @@ TEST_F(HttpProviderTest, CorrectionPageAfterReorg) {
   EXPECT_EQ(correction.from, 197u);
   EXPECT_EQ(correction.through->number, 200u);
   EXPECT_EQ(correction.items.front().block_hash(), sim_->chain().BlockHash(197));
+}
+
+// A refusal the prefetch got is the provider's answer to that request: the Fetch that
+// consumes the prefetch returns it, as a Fetch without prefetch would, and does not ask
+// again at once (defying a Retry-After, or sending a refused key a second time).
+TEST(HttpProviderScriptedTest, APrefetchedRefusalIsReturnedNotRequestedAgain) {
+  struct Case {
+    std::string name;
+    ScriptedProvider::Answer answer;
+    RefusalKind kind;
+    std::string code;
+    std::optional<absl::Duration> retry_after;
+  };
+  const std::vector<Case> cases = {
+      {"rate_limited", {429, R"({"error":"rate_limited"})", "application/json", "3"},
+       RefusalKind::kRetryAfter, "rate_limited", absl::Seconds(3)},
+      {"chain_unavailable", {503, R"({"error":"chain_unavailable","retry_after":7})"},
+       RefusalKind::kRetryAfter, "chain_unavailable", absl::Seconds(7)},
+      {"unauthorized", {401, R"({"error":"unauthorized"})"}, RefusalKind::kAuthFailed,
+       "unauthorized", std::nullopt},
+      {"payment_required",
+       {402, R"({"error":{"code":"insufficient_credit","message":"top up",)"
+             R"("next_action":{"type":"top_up"},"credit":{"balance":0}}})"},
+       RefusalKind::kFundingRequired, "insufficient_credit", std::nullopt},
+      {"resync_required", {409, R"({"error":"resync_required"})"},
+       RefusalKind::kResyncRequired, "resync_required", std::nullopt},
+      {"server_error", {500, R"({"error":"internal"})"}, RefusalKind::kTransient, "internal",
+       std::nullopt},
+  };
+  ScriptedProvider server;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string from = "from-" + c.name;
+    const std::string refused = "next-" + c.name;
+    server.Set(from, ScriptedProvider::EmptyPage(10, refused));
+    server.Set(refused, c.answer);
+    auto p = HttpProvider::Create(ScriptedOptions(server, handoff::v1::TRANSPORT_POLL));
+    ASSERT_TRUE(p.ok()) << p.status();
+    FetchResult first = (*p)->Fetch(from);
+    ASSERT_TRUE(first.page.has_value());
+    ASSERT_EQ(first.page->next, refused);
+    // The prefetch of the next cursor has been sent (and refused, or is in flight).
+    ASSERT_TRUE(server.WaitForRequests(refused, 1, absl::Seconds(10)));
+
+    FetchResult r = (*p)->Fetch(refused);
+    ASSERT_TRUE(r.refusal.has_value());
+    EXPECT_EQ(r.refusal->kind, c.kind);
+    EXPECT_EQ(r.refusal->http_status, c.answer.status);
+    EXPECT_EQ(r.refusal->code, c.code);
+    EXPECT_EQ(r.refusal->retry_after, c.retry_after);
+    EXPECT_EQ(server.Requests(refused), 1) << "the refused request was sent again at once";
+
+    // Exactly what a Fetch without prefetch gets for that cursor.
+    HttpProviderOptions plain_options = ScriptedOptions(server, handoff::v1::TRANSPORT_POLL);
+    plain_options.poll_prefetch = false;
+    auto plain = HttpProvider::Create(std::move(plain_options));
+    ASSERT_TRUE(plain.ok());
+    FetchResult sync = (*plain)->Fetch(refused);
+    ASSERT_TRUE(sync.refusal.has_value());
+    EXPECT_EQ(r.refusal->kind, sync.refusal->kind);
+    EXPECT_EQ(r.refusal->http_status, sync.refusal->http_status);
+    EXPECT_EQ(r.refusal->code, sync.refusal->code);
+    EXPECT_EQ(r.refusal->message, sync.refusal->message);
+    EXPECT_EQ(r.refusal->retry_after, sync.refusal->retry_after);
+    EXPECT_EQ(r.refusal->funding_action_json, sync.refusal->funding_action_json);
+    EXPECT_EQ(server.Requests(refused), 2);
+
+    // The retry (after the engine's wait) is a new request.
+    EXPECT_TRUE((*p)->Fetch(refused).refusal.has_value());
+    EXPECT_EQ(server.Requests(refused), 3);
+  }
+}
+
+// A prefetched refusal is the answer to its cursor only: a Fetch of another cursor (the
+// engine rereads an older one) drops it and asks for that cursor.
+TEST(HttpProviderScriptedTest, APrefetchedRefusalOfAnotherCursorIsDropped) {
+  ScriptedProvider server;
+  server.Set("a", ScriptedProvider::EmptyPage(10, "b"));
+  server.Set("b", {429, R"({"error":"rate_limited"})", "application/json", "3"});
+  auto p = HttpProvider::Create(ScriptedOptions(server, handoff::v1::TRANSPORT_POLL));
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE((*p)->Fetch("a").page.has_value());
+  ASSERT_TRUE(server.WaitForRequests("b", 1, absl::Seconds(10)));
+  FetchResult again = (*p)->Fetch("a");
+  ASSERT_TRUE(again.page.has_value());
+  EXPECT_EQ(server.Requests("a"), 2);
+}
+
+// The provider's message is cut to 300 bytes; an API key it echoes across that cut must
+// not survive in part (redacted in the whole text first, then cut).
+TEST(HttpProviderScriptedTest, AKeyAcrossTheMessageCutLeavesNoFragment) {
+  const std::string key = kToken;
+  ScriptedProvider server;
+  for (auto transport : {handoff::v1::TRANSPORT_POLL, handoff::v1::TRANSPORT_SSE}) {
+    auto p = HttpProvider::Create(ScriptedOptions(server, transport));
+    ASSERT_TRUE(p.ok());
+    for (size_t offset = 300 - key.size(); offset <= 300; ++offset) {
+      SCOPED_TRACE(absl::StrCat(transport, " key at ", offset));
+      const std::string body =
+          absl::StrCat(R"({"error":"invalid_request","details":{"message":")",
+                       std::string(offset, 'x'), key, R"( was refused"}})");
+      const std::string cursor = absl::StrCat("c", transport, "-", offset);
+      if (transport == handoff::v1::TRANSPORT_POLL) {
+        server.Set(cursor, {400, body});
+      } else {  // after the stream started: an `event: error` control
+        server.Set(cursor, {200, absl::StrCat("event: error\ndata: ", body, "\n\n"),
+                            "text/event-stream"});
+      }
+      FetchResult r = (*p)->Fetch(cursor);
+      ASSERT_TRUE(r.refusal.has_value());
+      EXPECT_FALSE(HasFragmentOf(r.refusal->message, key, 4)) << r.refusal->message;
+      EXPECT_TRUE(absl::StrContains(r.refusal->message, "xxxx")) << r.refusal->message;
+    }
+  }
+  // A provider that cut its own message inside the key: that start is not left either.
+  auto p = HttpProvider::Create(ScriptedOptions(server, handoff::v1::TRANSPORT_POLL));
+  ASSERT_TRUE(p.ok());
+  server.Set("cut", {401, absl::StrCat(R"({"error":"unauthorized","details":{"message":")",
+                                       "bad token ", key.substr(0, 9), R"("}})")});
+  FetchResult r = (*p)->Fetch("cut");
+  ASSERT_TRUE(r.refusal.has_value());
+  EXPECT_FALSE(HasFragmentOf(r.refusal->message, key, 4)) << r.refusal->message;
+}
+
+// A key with `"` or `\` is spelled escaped in JSON the adapter re-serialises (the
+// funding action of a 402): it is redacted in that spelling too.
+TEST(HttpProviderScriptedTest, AJsonEscapedKeyIsRedactedToo) {
+  const std::string key = "k\"ey\\with-1234567890";
+  const std::string escaped = "k\\\"ey\\\\with-1234567890";
+  ScriptedProvider server;
+  server.Set("0", {402, absl::StrCat(R"({"error":{"code":"payment_required","message":"key )",
+                                     escaped, R"( has no credit","next_action":{"url":)",
+                                     R"("https://pay.example/?key=)", escaped,
+                                     R"("},"challenges":[")", escaped, R"("]}})")});
+  HttpProviderOptions o = ScriptedOptions(server, handoff::v1::TRANSPORT_POLL);
+  o.api_key = key;
+  auto p = HttpProvider::Create(std::move(o));
+  ASSERT_TRUE(p.ok());
+  FetchResult r = (*p)->Fetch("0");
+  ASSERT_TRUE(r.refusal.has_value());
+  EXPECT_EQ(r.refusal->kind, RefusalKind::kFundingRequired);
+  EXPECT_TRUE(absl::StrContains(r.refusal->funding_action_json, "pay.example"))
+      << r.refusal->funding_action_json;
+  for (const std::string* text : {&r.refusal->message, &r.refusal->funding_action_json}) {
+    EXPECT_FALSE(HasFragmentOf(*text, key, 6)) << *text;
+    EXPECT_FALSE(HasFragmentOf(*text, escaped, 6)) << *text;
+  }
+  // Control bytes are spelled \t or \u00XX there.
+  const std::string tabbed = "tab\tbed\x01-key-0123456789";
+  const std::string tabbed_json = "tab\\tbed\\u0001-key-0123456789";
+  Refusal f = ClassifyRefusal(
+      402, absl::StrCat(R"({"error":{"code":"payment_required","message":"m",)",
+                        R"("next_action":{"key":")", tabbed_json, R"("}}})"),
+      std::nullopt, std::nullopt, tabbed);
+  EXPECT_EQ(f.funding_action_json, R"({"next_action":{"key":"[redacted]"}})");
 }
 
 }  // namespace

@@ -163,7 +163,7 @@ void ProviderRigTest::Open() {
   mo.observer = &observer_;
   mo.worker.fetch_backoff.initial = fetch_backoff_initial_;
   mo.worker.fetch_backoff.max = fetch_backoff_max_;
-  mo.worker.idle_backoff = mo.worker.fetch_backoff;
+  mo.worker.idle_backoff = idle_backoff_.value_or(mo.worker.fetch_backoff);
   // As server/factories.cc builds it, with test timeouts.
   mo.factories.provider = [this](const handoff::v1::SourceSpec& spec)
       -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {

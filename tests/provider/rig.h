@@ -16,11 +16,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "consumer/backoff.h"
 #include "consumer/observer.h"
 #include "consumer/page_budget.h"
 #include "consumer/provider.h"
@@ -168,6 +170,9 @@ class ProviderRigTest : public ::testing::Test {
   std::map<std::string, std::string> filter_override_;  // source id -> filter sent
   absl::Duration fetch_backoff_initial_ = absl::Milliseconds(5);
   absl::Duration fetch_backoff_max_ = absl::Milliseconds(50);
+  // The wait after a nothing-new page; unset: the fetch backoff above (short, so that
+  // tests need not wait through the production idle backoff).
+  std::optional<consumer::BackoffPolicy> idle_backoff_;
   // The PageBudget every adapter shares, as handoffd's; nullptr: each its own, uncapped.
   std::shared_ptr<consumer::PageBudget> page_budget_;
 

@@ -76,6 +76,35 @@ TEST_F(ProviderRigTest, AStreamAtTheHeadPublishesItsLastPageWithoutWaitingForThe
   EXPECT_EQ(Progress(id).counters().applied(), (head() - 150 + 1) * 3);
 }
 
+// A heartbeat (an empty page, `next` unchanged) asks for nothing on a stream: the next
+// frame comes when the provider pushes it. So the worker goes straight back to reading
+// the stream, and a page sent right behind a heartbeat is committed at once, not after
+// the idle backoff that spaces out the polls of a caught-up polling source (15-30 s).
+TEST_F(ProviderRigTest, APageBehindAHeartbeatDoesNotWaitForTheIdleBackoff) {
+  consumer::BackoffPolicy idle = consumer::WorkerOptions().idle_backoff;
+  idle.initial = idle.max;  // a caught-up polling source's steady wait: 15-30 s
+  idle_backoff_ = idle;
+  Restart();  // the manager takes the worker options when it opens
+  const std::string id = "stream";
+  Create(Spec(id, handoff::v1::TRANSPORT_SSE, 150));
+  ASSERT_TRUE(WaitIdle(id));  // a heartbeat (every 200 ms) was read and applied as a no-op
+
+  sim().chain().AddBlocks(1);
+  const absl::Time added = absl::Now();
+  ASSERT_TRUE(WaitCaughtUp(id, absl::Seconds(10)));
+  EXPECT_LT(absl::Now() - added, idle.max * idle.jitter_floor)
+      << "the page waited for the idle backoff";
+  ExpectRowsCanonical(id, 150, head());
+
+  // And heartbeats are read as they come, not one per backoff.
+  const size_t fetches = journal_.Of(id).size();
+  EXPECT_TRUE(WaitFor(
+      id, [&](const handoff::v1::Progress&) { return journal_.Of(id).size() >= fetches + 3; },
+      absl::Seconds(10)))
+      << "heartbeats are read one per idle backoff";
+  EXPECT_EQ(StreamRequests().size(), 1u);  // all on the one stream
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Faults, SseReconnectTest,
     ::testing::Values(ReconnectCase{"drop", Fault::kDropConnection, "stream_closed|network"},

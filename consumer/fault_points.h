@@ -17,7 +17,8 @@
 // delivery.after_commit. Interleaving points, whose answer is ignored:
 // ledger.between_scans (ReceiptLedger::Load, between its outcome and hold scans);
 // delivery.early_answers_used and delivery.early_answers_dropped (PageAttempt, the
-// answers of a call sent ahead: see EarlyDelivery).
+// answers of a call sent ahead: see EarlyDelivery); delivery.idle (SourceWorker's
+// delivery loop found nothing deliverable and waits).
 //
 // Thread-safe.
 #ifndef HANDOFF_CONSUMER_FAULT_POINTS_H_

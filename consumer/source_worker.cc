@@ -752,10 +752,16 @@ void SourceWorker::DeliveryLoop() {
     const store::Mark& mark = spec_.sink().gate() == handoff::v1::DELIVERY_GATE_SAFE
                                   ? icp->highest_safe()
                                   : icp->highest_finalized();
-    // Deliverable: every outbox entry up to the gate's mark (when there is one).
-    const Position to{mark.number(), std::numeric_limits<uint64_t>::max()};
+    // Deliverable: every outbox entry up to the gate's mark (when there is one) that a
+    // durable page wrote. The outbox read is of the latest state, which may hold a page
+    // whose sync is still in flight; a finalized mark far ahead of a catching-up ingest
+    // does not bound it, the published (durable) applied position does.
+    Position to{mark.number(), std::numeric_limits<uint64_t>::max()};
+    if (icp->has_applied()) {
+      to = std::min(to, Position{icp->applied_block(), icp->applied_log_index()});
+    }
     Page run;
-    if (mark.present()) {
+    if (mark.present() && icp->has_applied()) {
       const Position from =
           dcp->has_applied()
               ? Successor(Position{dcp->applied_block(), dcp->applied_log_index()})
@@ -768,6 +774,7 @@ void SourceWorker::DeliveryLoop() {
       }
     }
     if (run.items.empty()) {
+      FaultPoints::Hit("delivery.idle");  // an interleaving point: nothing to deliver
       bool* poked;
       {
         absl::MutexLock lock(&mu_);

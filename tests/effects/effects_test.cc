@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -486,6 +487,69 @@ TEST(Effects, AHeldEventThatACorrectionReplacesIsNeverSentAgain) {
   std::map<std::string, sim::SinkRecord> records = rig.Records();
   EXPECT_EQ(records.count(KeyOf("held", 103, 0, "b")), 1u);
   EXPECT_EQ(records.count(KeyOf("held", 103, 0, "a")), 0u);
+}
+
+// Gated deliveries see a page only once it is published (synced, SourceWorker): a
+// finalized mark far ahead of a catching-up ingest does not make a stored page whose
+// barrier is not yet published deliverable.
+TEST(Effects, AGatedDeliveryWaitsForItsPageToBePublished) {
+  Rig rig(consumer::testing::TestDir("gated-published"));
+  FakeProvider& provider = rig.provider("pub");
+  provider.SetPage("100",
+                   WithMarks(MakePage(100, 101, TwoEventsPerBlock(100, 101, "a"), "c1"), 200, 200));
+  provider.SetPage("c1",
+                   WithMarks(MakePage(102, 103, TwoEventsPerBlock(102, 103, "a"), "c2"), 200, 200));
+  // The ingest thread stops after the second page's commit, before publishing it.
+  struct Gate {
+    absl::Mutex mu;
+    int settled ABSL_GUARDED_BY(mu) = 0;
+    int idle ABSL_GUARDED_BY(mu) = 0;  // the delivery loop found nothing to deliver
+    bool released ABSL_GUARDED_BY(mu) = false;
+  };
+  auto gate = std::make_shared<Gate>();
+  FaultPoints::Arm("ingest.after_barrier", [gate] {
+    absl::MutexLock lock(&gate->mu);
+    if (++gate->settled == 2) gate->mu.Await(absl::Condition(&gate->released));
+    return false;
+  });
+  FaultPoints::Arm("delivery.idle", [gate] {
+    absl::MutexLock lock(&gate->mu);
+    ++gate->idle;
+    return false;
+  });
+  // Whatever the test's outcome, the ingest thread is let go before the rig goes.
+  struct Release {
+    std::shared_ptr<Gate> gate;
+    ~Release() {
+      absl::MutexLock lock(&gate->mu);
+      gate->released = true;
+    }
+  } release{gate};
+  rig.Create(rig.Spec("pub", handoff::v1::DELIVERY_GATE_FINALIZED));
+  {
+    absl::MutexLock lock(&gate->mu);
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    auto stored = [&gate]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gate->mu) { return gate->settled >= 2; };
+    ASSERT_TRUE(gate->mu.AwaitWithDeadline(absl::Condition(&stored), deadline));
+    // Three times since, the delivery loop found nothing more to deliver.
+    const int target = gate->idle + 3;
+    auto idled = [&gate, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gate->mu) {
+      return gate->idle >= target;
+    };
+    ASSERT_TRUE(gate->mu.AwaitWithDeadline(absl::Condition(&idled), deadline))
+        << "the delivery loop never went idle";
+  }
+  std::map<std::string, sim::SinkRecord> records = rig.Records();
+  EXPECT_EQ(records.count(KeyOf("pub", 101, 1, "a")), 1u) << "the published page was delivered";
+  EXPECT_EQ(records.count(KeyOf("pub", 102, 0, "a")), 0u)
+      << "an event of a page not yet published was delivered";
+  {
+    absl::MutexLock lock(&gate->mu);
+    gate->released = true;
+  }
+  ASSERT_TRUE(rig.WaitFor("pub", [](const handoff::v1::Progress& p) {
+    return DeliveredThrough(p, 103, 1);
+  })) << "delivery never reached 103:1";
 }
 
 // The deep SAFE reorg again, with the process crashing at each delivery step of the

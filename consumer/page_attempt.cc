@@ -77,6 +77,20 @@ PageAttempt::Result PageAttempt::Run() {
     Result r = Validate();
     if (!validated_) return r;
   } else {
+    // Resuming after a wait (a hold, a retry). Anything else that committed to this
+    // stage's checkpoint meanwhile (an operator's resolution, an ingest correction that
+    // fenced the delivery stage) has made this attempt's view stale, and its next commit
+    // would be ABORTED: reread now, before calling the sink for nothing.
+    absl::StatusOr<store::CheckpointRecord> now =
+        config_.store->LoadCheckpoint(config_.source_id, config_.stage);
+    if (!now.ok()) {
+      return Make(Kind::kStorageFailed, std::string(now.status().message()), now.status());
+    }
+    if (now->version() != checkpoint_.version() || now->step_seq() != checkpoint_.step_seq()) {
+      return Make(Kind::kLostRace,
+                  "the checkpoint moved while this attempt waited (a hold resolution or a "
+                  "correction): rereading");
+    }
     absl::Status s = RefreshBlocked();
     if (!s.ok()) return Make(Kind::kStorageFailed, std::string(s.message()), s);
     if (stale_) {

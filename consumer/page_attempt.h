@@ -24,9 +24,11 @@
 // entries at or below the delivery gate, the terminal effect is a delivery receipt,
 // and the barrier only bumps the delivery checkpoint's version.
 //
-// A stale attempt (another attempt promoted first) loses its next fenced write with
-// ABORTED and reports kLostRace: the caller rereads state and never overwrites newer
-// progress.
+// A stale attempt (another attempt promoted first, or an operator resolved a hold since
+// it read it: every commit moves the checkpoint's step_seq) loses its next fenced write
+// with ABORTED and reports kLostRace: the caller rereads state and never overwrites newer
+// progress. An attempt resumed after a wait checks the checkpoint first, and reports
+// kLostRace before any sink call when it moved.
 //
 // Thread-compatible: one worker thread runs it; Info() is read under the worker's lock.
 #ifndef HANDOFF_CONSUMER_PAGE_ATTEMPT_H_

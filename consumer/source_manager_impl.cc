@@ -590,6 +590,11 @@ absl::StatusOr<handoff::v1::ResolveHoldResponse> SourceManagerImpl::ResolveHold(
     }
     *response.mutable_record() = rec;
   }
+  // Fenced by the hold the operator read, whose version never repeats at its position
+  // (store.h): a hold changed since, or another event's hold there since a correction or
+  // a rebuild, fails it and nothing is written. The commit also moves the checkpoint's
+  // step_seq, so a step the worker has in flight for this event (a retry whose sink call
+  // is out) is ABORTED and rereads: the operator's decision is never overwritten.
   store::Fence fence;
   fence.any_version = true;
   fence.hold = store::Fence::HoldPrecondition{stage, pos, hold.version()};

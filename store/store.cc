@@ -32,6 +32,14 @@ constexpr char kMagicKey[] = "handoff";
 // written by DeleteSource so that an attempt fenced on the deleted source's checkpoint
 // cannot pass the fence of a new source with the same id.
 constexpr char kVersionFloorPrefix[] = "version_floor/";
+// meta/"hold_floor/<id>/<stage>/<block>:<log_index>": the highest version a hold of that
+// event position had when it was removed (resolved, applied, replaced by a correction,
+// or wiped by a rebuild or the source's deletion). A later hold there, which the worker
+// starts at version 1 again, is stored above it (Store::HoldVersionWritesLocked): an
+// operator's decision quotes the hold version it read, and must never pass the check of
+// another event's hold. Kept like the version floor, for the life of the database: one
+// short record per position that ever had a hold.
+constexpr char kHoldFloorPrefix[] = "hold_floor/";
 
 // Order matters: index i of the handle vector is this name. A literal, not
 // rocksdb::kDefaultColumnFamilyName.c_str(): that std::string lives in another
@@ -104,6 +112,68 @@ absl::Status Corrupt(absl::string_view what, absl::string_view key) {
 }
 
 std::string VersionFloorKey(absl::string_view id) { return absl::StrCat(kVersionFloorPrefix, id); }
+
+// The hold floor of the hold of `id` at `staged_key` (keys::Staged: "<id>\0", the stage
+// byte, then the position).
+absl::StatusOr<std::string> HoldFloorKey(absl::string_view id, absl::string_view staged_key) {
+  if (staged_key.size() != id.size() + 2 + 16 || !absl::StartsWith(staged_key, id) ||
+      staged_key[id.size()] != '\0') {
+    return Corrupt("hold key", id);
+  }
+  ASSIGN_OR_RETURN(Position pos, keys::DecodePosition(staged_key));
+  return absl::StrCat(kHoldFloorPrefix, id, "/", static_cast<int>(staged_key[id.size() + 1]),
+                      "/", pos.block, ":", pos.log_index);
+}
+
+// The holds a step's batch puts and removes, in batch order. Steps remove holds one key at
+// a time (StepBatch has no range form for them); any other form is refused.
+class HoldWrites : public rocksdb::WriteBatch::Handler {
+ public:
+  struct Write {
+    std::string key;
+    std::optional<std::string> value;  // nullopt: a deletion
+  };
+
+  explicit HoldWrites(uint32_t holds_family) : holds_(holds_family) {}
+  const std::vector<Write>& writes() const { return writes_; }
+
+  rocksdb::Status PutCF(uint32_t cf, const rocksdb::Slice& key,
+                        const rocksdb::Slice& value) override {
+    if (cf == holds_) writes_.push_back(Write{key.ToString(), value.ToString()});
+    return rocksdb::Status::OK();
+  }
+  rocksdb::Status DeleteCF(uint32_t cf, const rocksdb::Slice& key) override {
+    if (cf == holds_) writes_.push_back(Write{key.ToString(), std::nullopt});
+    return rocksdb::Status::OK();
+  }
+  rocksdb::Status SingleDeleteCF(uint32_t cf, const rocksdb::Slice& key) override {
+    return DeleteCF(cf, key);
+  }
+  rocksdb::Status DeleteRangeCF(uint32_t cf, const rocksdb::Slice&,
+                                const rocksdb::Slice&) override {
+    return Other(cf);
+  }
+  rocksdb::Status MergeCF(uint32_t cf, const rocksdb::Slice&, const rocksdb::Slice&) override {
+    return Other(cf);
+  }
+  rocksdb::Status PutEntityCF(uint32_t cf, const rocksdb::Slice&,
+                              const rocksdb::Slice&) override {
+    return Other(cf);
+  }
+  rocksdb::Status PutBlobIndexCF(uint32_t cf, const rocksdb::Slice&,
+                                 const rocksdb::Slice&) override {
+    return Other(cf);
+  }
+
+ private:
+  rocksdb::Status Other(uint32_t cf) const {
+    return cf == holds_ ? rocksdb::Status::NotSupported("a step writes holds one by one")
+                        : rocksdb::Status::OK();
+  }
+
+  const uint32_t holds_;
+  std::vector<Write> writes_;
+};
 
 }  // namespace
 
@@ -702,6 +772,9 @@ absl::Status Store::DeleteSource(absl::string_view id) {
   // an attempt of the deleted one may still hold.
   ASSIGN_OR_RETURN(uint64_t floor, NextVersionLocked(id));
   batch.Put(cfs_.meta, VersionFloorKey(id), std::to_string(floor));
+  // And the holds' floors: a hold of the re-created source never takes a version that
+  // an operator read from a hold of the deleted one.
+  RETURN_IF_ERROR(AddHoldFloorsLocked(id, &batch));
   RETURN_IF_ERROR(DeleteKeysOf(id,
                                {cfs_.checkpoints, cfs_.receipts, cfs_.quarantine, cfs_.holds,
                                 cfs_.rows, cfs_.outbox},
@@ -754,6 +827,8 @@ absl::Status Store::ResetSource(absl::string_view id, const CheckpointRecord& in
                                 const std::optional<CheckpointRecord>& delivery) {
   absl::MutexLock lock(SourceLock(id));
   rocksdb::WriteBatch batch;
+  // The holds go: their versions stay as floors for the holds the rebuilt source writes.
+  RETURN_IF_ERROR(AddHoldFloorsLocked(id, &batch));
   RETURN_IF_ERROR(DeleteKeysOf(
       id, {cfs_.receipts, cfs_.quarantine, cfs_.holds, cfs_.rows, cfs_.outbox}, &batch));
   RETURN_IF_ERROR(DeleteRowsOf(id, &batch));
@@ -811,14 +886,17 @@ absl::StatusOr<CheckpointRecord> Store::CommitStep(Stage stage, StepBatch* step,
         "checkpoint of ", id, " moved: attempt holds version ", fence.expected_version,
         ", stored version is ", record.version(), "; reread and retry"));
   }
-  if (!fence.any_version) {
-    if (fence.expected_step_seq.has_value() && record.step_seq() != *fence.expected_step_seq) {
-      return absl::AbortedError(absl::StrCat(
-          "checkpoint of ", id, " was written by another attempt of version ",
-          record.version(), "; reread and retry"));
-    }
-    record.set_step_seq(record.step_seq() + 1);
+  if (!fence.any_version && fence.expected_step_seq.has_value() &&
+      record.step_seq() != *fence.expected_step_seq) {
+    return absl::AbortedError(absl::StrCat(
+        "checkpoint of ", id, " was written by another attempt of version ",
+        record.version(), "; reread and retry"));
   }
+  // A hold resolution (any_version) moves step_seq too: the worker's attempt may have read
+  // the hold before it and be about to commit its own outcome for the event (a retry whose
+  // sink call was in flight). Its step, fenced by the step_seq it loaded, is then ABORTED
+  // and it rereads, instead of overwriting the operator's decision.
+  record.set_step_seq(record.step_seq() + 1);
   if (fence.barrier.has_value()) {
     if (record.resume_cursor() != fence.barrier->expected_cursor) {
       return absl::AbortedError(absl::StrCat(
@@ -869,6 +947,7 @@ absl::StatusOr<CheckpointRecord> Store::CommitStep(Stage stage, StepBatch* step,
   if (stage == Stage::kIngest) {
     ASSIGN_OR_RETURN(fenced_delivery, FenceDeliveryLocked(id, *step));
   }
+  ASSIGN_OR_RETURN(const std::vector<ExtraWrite> hold_writes, HoldVersionWritesLocked(*step));
 
   rocksdb::WriteBatch* batch = &step->batch_;
   std::string value;
@@ -882,6 +961,7 @@ absl::StatusOr<CheckpointRecord> Store::CommitStep(Stage stage, StepBatch* step,
       batch->Put(cfs_.checkpoints, keys::Checkpoint(id, Stage::kDelivery),
                  fenced_delivery->SerializeAsString());
     }
+    for (const ExtraWrite& w : hold_writes) batch->Put(w.cf, w.key, w.value);
     return Write(batch, absl::StrCat("commit step of ", id), deferred);
   };
   const bool has_rows = !step->row_puts_.empty() || !step->row_deletes_.empty();
@@ -913,6 +993,119 @@ absl::StatusOr<CheckpointRecord> Store::CommitStep(Stage stage, StepBatch* step,
     AfterRowWrite(batch->GetDataSize());
   }
   return record;
+}
+
+absl::StatusOr<std::optional<uint64_t>> Store::HoldFloor(const std::string& floor_key) const {
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_.meta, floor_key, &value);
+  if (s.IsNotFound()) return std::optional<uint64_t>();
+  RETURN_IF_ERROR(FromRocks(s, "read a hold floor"));
+  uint64_t floor = 0;
+  if (!absl::SimpleAtoi(value, &floor)) return Corrupt("hold floor", floor_key);
+  return std::optional<uint64_t>(floor);
+}
+
+absl::StatusOr<std::vector<Store::ExtraWrite>> Store::HoldVersionWritesLocked(
+    const StepBatch& step) const {
+  std::vector<ExtraWrite> out;
+  if (!step.changes_operator_records()) return out;  // no hold in it
+  const std::string& id = step.source_id();
+  HoldWrites holds(cfs_.holds->GetID());
+  RETURN_IF_ERROR(FromRocks(step.batch_.Iterate(&holds), "read the holds of a step"));
+  // Each key's state as the batch leaves it so far, starting from the stored one.
+  struct KeyState {
+    std::string key;
+    std::string floor_key;
+    std::optional<uint64_t> live;  // the version of the hold there
+    // The hold floor, read only where needed: most keys a step touches are a correction's
+    // removals where there is no hold.
+    bool floor_read = false;
+    std::optional<uint64_t> floor;
+    bool floor_raised = false;
+    std::optional<std::string> put;  // the key's last put, if its version had to be raised
+  };
+  std::vector<KeyState> states;  // in order of first write, so the output is deterministic
+  absl::flat_hash_map<std::string, size_t> index;
+  auto read_floor = [this](KeyState* k) -> absl::Status {
+    if (k->floor_read) return absl::OkStatus();
+    ASSIGN_OR_RETURN(k->floor, HoldFloor(k->floor_key));
+    k->floor_read = true;
+    return absl::OkStatus();
+  };
+  for (const HoldWrites::Write& w : holds.writes()) {
+    auto [it, first] = index.try_emplace(w.key, states.size());
+    if (first) {
+      KeyState& fresh = states.emplace_back();
+      fresh.key = w.key;
+      ASSIGN_OR_RETURN(fresh.floor_key, HoldFloorKey(id, w.key));
+      std::string value;
+      rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), cfs_.holds, w.key, &value);
+      if (!s.IsNotFound()) {
+        RETURN_IF_ERROR(FromRocks(s, "read a hold"));
+        handoff::v1::Hold stored;
+        if (!stored.ParseFromString(value)) return Corrupt("hold", id);
+        fresh.live = stored.version();
+      }
+    }
+    KeyState& k = states[it->second];
+    if (!w.value.has_value()) {
+      if (k.live.has_value()) {
+        RETURN_IF_ERROR(read_floor(&k));
+        if (!k.floor.has_value() || *k.live > *k.floor) {
+          k.floor = k.live;
+          k.floor_raised = true;
+        }
+      }
+      k.live.reset();
+      k.put.reset();
+      continue;
+    }
+    handoff::v1::Hold hold;
+    if (!hold.ParseFromString(*w.value)) return Corrupt("hold", id);
+    // A changed hold goes above its stored version even if its writer's copy was stale; a
+    // new one above every version an earlier hold at its position had.
+    uint64_t version = hold.version();
+    if (k.live.has_value()) {
+      version = std::max(version, *k.live + 1);
+    } else {
+      RETURN_IF_ERROR(read_floor(&k));
+      if (k.floor.has_value()) version = std::max(version, *k.floor + 1);
+    }
+    k.live = version;
+    k.put.reset();
+    if (version != hold.version()) {
+      hold.set_version(version);
+      k.put = hold.SerializeAsString();
+    }
+  }
+  for (KeyState& k : states) {
+    if (k.put.has_value()) out.push_back(ExtraWrite{cfs_.holds, k.key, *std::move(k.put)});
+    if (k.floor_raised) {
+      out.push_back(ExtraWrite{cfs_.meta, k.floor_key, std::to_string(*k.floor)});
+    }
+  }
+  return out;
+}
+
+absl::Status Store::AddHoldFloorsLocked(absl::string_view id, rocksdb::WriteBatch* batch) const {
+  const std::string prefix = keys::SourcePrefix(id);
+  const std::string end = keys::PrefixSuccessor(prefix);
+  rocksdb::ReadOptions ro;
+  rocksdb::Slice upper(end);
+  ro.iterate_upper_bound = &upper;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, cfs_.holds));
+  for (it->Seek(prefix); it->Valid(); it->Next()) {
+    handoff::v1::Hold hold;
+    if (!hold.ParseFromArray(it->value().data(), it->value().size())) {
+      return Corrupt("hold", id);
+    }
+    ASSIGN_OR_RETURN(const std::string floor_key, HoldFloorKey(id, View(it->key())));
+    ASSIGN_OR_RETURN(const std::optional<uint64_t> floor, HoldFloor(floor_key));
+    if (!floor.has_value() || hold.version() > *floor) {
+      batch->Put(cfs_.meta, floor_key, std::to_string(hold.version()));
+    }
+  }
+  return FromRocks(it->status(), "scan holds for their floors");
 }
 
 absl::StatusOr<std::optional<CheckpointRecord>> Store::FenceDeliveryLocked(

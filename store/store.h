@@ -60,6 +60,15 @@
 //    after the delivery read it: an ingest step that deletes outbox entries, or writes
 //    one at or below the delivery's applied position, fences the delivery stage in the
 //    same WriteBatch and rewinds its applied position below that entry.
+//  * A hold's version never repeats at its (source, stage, position), so that an
+//    operator's decision, which quotes the version it read (Fence::HoldPrecondition),
+//    applies to that hold only. A hold changed in place is stored above its stored version;
+//    a hold put where none is live, above every version an earlier hold there had (the
+//    hold floors in meta, left by every removal of a hold, including rebuilds and
+//    deletions of the source). Writers keep numbering as before (a new hold at 1, a
+//    change at + 1): the commit raises a version only where it would repeat.
+//  * Every commit bumps step_seq, a hold resolution's too (Fence::any_version), so an
+//    attempt in flight that read the hold before the resolution is ABORTED, and rereads.
 //  * Every RocksDB error is returned as an absl::Status (rocks_status.h); after a
 //    failed write the store refuses further writes (FAILED_PRECONDITION) until reopened,
 //    so nothing advances on top of a write whose fate is unknown.
@@ -173,7 +182,8 @@ struct Fence {
     std::string next_cursor;
   };
   std::optional<Barrier> barrier;
-  // Skip the version check (hold resolutions, which are fenced by the hold instead).
+  // Skip the version and step_seq checks (hold resolutions, which are fenced by the hold
+  // instead). The commit still bumps step_seq: every attempt in flight is fenced out.
   bool any_version = false;
   // Set for a hold resolution: the hold at (stage, position) must exist with this
   // version, else ABORTED and nothing is written.
@@ -227,9 +237,10 @@ class Store {
   absl::StatusOr<std::vector<handoff::v1::Source>> ListSources(absl::string_view start_after,
                                                              int limit);
   // Removes the source and every key it owns in every column family, in one batch. It
-  // leaves one meta key, the version floor: a source later re-created under the same id
-  // (ResetSource) starts above every version the deleted one had, so an attempt still
-  // holding the old checkpoint is fenced out.
+  // leaves meta keys: the version floor, so that a source later re-created under the same
+  // id (ResetSource) starts above every version the deleted one had and an attempt still
+  // holding the old checkpoint is fenced out; and the hold floors (one per position that
+  // had a hold), so that its holds never take a version of the deleted source's.
   absl::Status DeleteSource(absl::string_view id);
 
   // ---- Checkpoints ----
@@ -240,7 +251,8 @@ class Store {
   // Rebuild: erases the source's rows, receipts, holds, quarantine and outbox, and
   // writes fresh checkpoints: each gets max(its version, 1 + the highest stored version
   // of either stage or of a deleted source of this id), so any attempt still in flight
-  // is fenced out. `delivery` may be absent (its checkpoint is then removed).
+  // is fenced out. `delivery` may be absent (its checkpoint is then removed). The erased
+  // holds leave their floors (the hold-version invariant above).
   absl::Status ResetSource(absl::string_view id, const CheckpointRecord& ingest,
                            const std::optional<CheckpointRecord>& delivery);
 
@@ -259,7 +271,9 @@ class Store {
   // reopening; FAILED_PRECONDITION once an earlier write failed (before the fence is
   // checked). On failure `batch` is left as the caller built it. An ingest step that
   // deletes outbox entries or writes one the delivery stage has passed also commits the
-  // fenced, rewound delivery checkpoint (FenceDeliveryLocked).
+  // fenced, rewound delivery checkpoint (FenceDeliveryLocked). A hold the step puts may be
+  // stored at a higher version than the caller gave it (the hold-version invariant above),
+  // which a reader of the hold sees.
   //
   // With `deferred`, the write does not wait for its fsync: *deferred names it for
   // AwaitSynced, and the store's WalSyncer syncs it in the background (one sync for
@@ -432,6 +446,23 @@ class Store {
   // delivery stage alone or the source has none. REQUIRES: SourceLock(id) held.
   absl::StatusOr<std::optional<CheckpointRecord>> FenceDeliveryLocked(absl::string_view id,
                                                                       const StepBatch& step);
+  // A put a commit adds to the end of a step's batch.
+  struct ExtraWrite {
+    rocksdb::ColumnFamilyHandle* cf;
+    std::string key;
+    std::string value;
+  };
+  // What keeps the hold versions of `step` unique at their positions (the invariant at
+  // the top): the puts to add after the step's own writes, of each hold whose version must
+  // be higher than its writer gave (of two puts of a key in one batch, the later wins),
+  // and of the floors of the live holds it removes. Reads only the holds the step writes;
+  // nothing for a step that writes none. REQUIRES: SourceLock(step.source_id()) held.
+  absl::StatusOr<std::vector<ExtraWrite>> HoldVersionWritesLocked(const StepBatch& step) const;
+  // Adds to `batch` the floors of the live holds of `id`, before a rebuild or a deletion
+  // removes them. REQUIRES: SourceLock(id) held.
+  absl::Status AddHoldFloorsLocked(absl::string_view id, rocksdb::WriteBatch* batch) const;
+  // The hold floor stored at `floor_key`, if any.
+  absl::StatusOr<std::optional<uint64_t>> HoldFloor(const std::string& floor_key) const;
   // The lowest version a fresh checkpoint of `id` may carry: above both stages' stored
   // versions and the floor a DeleteSource of `id` left. REQUIRES: SourceLock(id) held.
   absl::StatusOr<uint64_t> NextVersionLocked(absl::string_view id);

@@ -1,6 +1,7 @@
-// Store against a real RocksDB under TEST_TMPDIR: fencing, atomicity, durability across
-// reopen and simulated power loss, error propagation through FaultInjectionFs, schema
-// and foreign-directory refusal, source deletion and reset.
+// Store against a real RocksDB under TEST_TMPDIR: fencing (hold resolutions and hold
+// versions included), atomicity, durability across reopen and simulated power loss,
+// error propagation through FaultInjectionFs, schema and foreign-directory refusal,
+// source deletion and reset.
 #include "store/store.h"
 
 #include <cstdint>
@@ -588,6 +589,165 @@ TEST_F(StoreTest, SourceViewSeesOneMomentWithoutASnapshot) {
   // A Snapshot does register one (what the admin API's reads use).
   const std::unique_ptr<Store::Snapshot> at = store_->NewSnapshot();
   EXPECT_EQ(store_->live_snapshots(), 1u);
+}
+
+// ---- Holds: their versions fence an operator's decision ----
+
+// The stored version of the hold of "s" at (stage, pos); 0 when there is none.
+uint64_t HoldVersion(Store* store, Stage stage, Position pos) {
+  absl::StatusOr<std::optional<std::string>> value =
+      store->GetStaged(StagedFamily::kHolds, "s", stage, pos);
+  EXPECT_TRUE(value.ok()) << value.status();
+  if (!value.ok() || !value->has_value()) return 0;
+  handoff::v1::Hold hold;
+  EXPECT_TRUE(hold.ParseFromString(**value));
+  return hold.version();
+}
+
+// An operator quotes the version of the hold he read (ResolveHold). A new hold at the
+// same position, for the event a correction or a rebuild put there, is written by the
+// worker at version 1 again (PageAttempt::MakeHold): the store keeps it above every
+// version an earlier hold there had, so that a decision about the old hold can never
+// pass the version check of the new one.
+TEST_F(StoreTest, AHoldNeverTakesAVersionAnEarlierHoldAtItsPositionHad) {
+  Open();
+  ASSERT_OK(store_->ResetSource("s", Fresh("c0"), Fresh("")));
+  const Position p{120, 1}, other{121, 0};
+  Fence any;
+  any.any_version = true;
+  auto put = [&](Stage stage, Position pos, uint64_t version, bool delete_first = false) {
+    std::unique_ptr<StepBatch> step = store_->NewStep("s");
+    if (delete_first) step->DeleteHold(stage, pos);
+    handoff::v1::Hold hold = HoldAt("s", pos);
+    hold.set_version(version);
+    step->PutHold(stage, pos, hold);
+    return store_->CommitStep(stage, step.get(), any, CheckpointUpdate{}).status();
+  };
+  auto remove = [&](Stage stage, Position pos) {
+    std::unique_ptr<StepBatch> step = store_->NewStep("s");
+    step->DeleteHold(stage, pos);
+    return store_->CommitStep(stage, step.get(), any, CheckpointUpdate{}).status();
+  };
+  // The first hold at a position keeps the versions its writer gives it.
+  ASSERT_OK(put(Stage::kIngest, p, 1));
+  EXPECT_EQ(HoldVersion(store_.get(), Stage::kIngest, p), 1u);
+  ASSERT_OK(put(Stage::kIngest, p, 2));
+  EXPECT_EQ(HoldVersion(store_.get(), Stage::kIngest, p), 2u);
+  // A correction replaces the held event in the step that holds its successor ...
+  ASSERT_OK(put(Stage::kIngest, p, 1, /*delete_first=*/true));
+  EXPECT_EQ(HoldVersion(store_.get(), Stage::kIngest, p), 3u);
+  // ... or in an earlier one (or the hold was resolved, then the event replaced).
+  ASSERT_OK(remove(Stage::kIngest, p));
+  ASSERT_OK(put(Stage::kIngest, p, 1));
+  EXPECT_EQ(HoldVersion(store_.get(), Stage::kIngest, p), 4u);
+  // A writer with a stale copy of the hold never takes its version back.
+  ASSERT_OK(put(Stage::kIngest, p, 2));
+  EXPECT_EQ(HoldVersion(store_.get(), Stage::kIngest, p), 5u);
+  // Another position, and the other stage at this one, have their own histories.
+  ASSERT_OK(put(Stage::kIngest, other, 1));
+  EXPECT_EQ(HoldVersion(store_.get(), Stage::kIngest, other), 1u);
+  ASSERT_OK(put(Stage::kDelivery, p, 1));
+  EXPECT_EQ(HoldVersion(store_.get(), Stage::kDelivery, p), 1u);
+
+  // Kept across a reopen, ...
+  Reopen();
+  ASSERT_OK(remove(Stage::kIngest, p));
+  ASSERT_OK(put(Stage::kIngest, p, 1));
+  EXPECT_EQ(HoldVersion(store_.get(), Stage::kIngest, p), 6u);
+  // ... a rebuild, which removes every hold (`other` was live at version 1), ...
+  ASSERT_OK(store_->ResetSource("s", Fresh("c0"), Fresh("")));
+  EXPECT_EQ(HoldVersion(store_.get(), Stage::kIngest, p), 0u);
+  ASSERT_OK(put(Stage::kIngest, p, 1));
+  EXPECT_EQ(HoldVersion(store_.get(), Stage::kIngest, p), 7u);
+  ASSERT_OK(put(Stage::kIngest, other, 1));
+  EXPECT_EQ(HoldVersion(store_.get(), Stage::kIngest, other), 2u);
+  // ... and the deletion of the source and its re-creation under the same id.
+  ASSERT_OK(store_->DeleteSource("s"));
+  ASSERT_OK(store_->ResetSource("s", Fresh("c0"), Fresh("")));
+  ASSERT_OK(put(Stage::kIngest, p, 1));
+  EXPECT_EQ(HoldVersion(store_.get(), Stage::kIngest, p), 8u);
+  ASSERT_OK(put(Stage::kDelivery, p, 1));
+  EXPECT_EQ(HoldVersion(store_.get(), Stage::kDelivery, p), 2u);
+}
+
+// A hold resolution is fenced by the hold, not by the checkpoint version (the operator
+// never saw one), yet it must fence the worker: an attempt that read the hold before the
+// resolution and commits its own outcome for the event after it (a retry whose sink call
+// was in flight) is ABORTED, and rereads, instead of overwriting the operator's decision.
+TEST_F(StoreTest, AHoldResolutionFencesTheAttemptInFlight) {
+  Open();
+  Seed("s");
+  const Position held{120, 1};
+  handoff::v1::Hold hold = HoldAt("s", held);
+  hold.set_version(1);
+  hold.set_kind(handoff::v1::HOLD_KIND_RETRYING);
+  std::unique_ptr<StepBatch> first = store_->NewStep("s");
+  first->PutHold(Stage::kIngest, held, hold);
+  Fence fence;
+  fence.expected_version = 0;
+  absl::StatusOr<CheckpointRecord> attempt =
+      store_->CommitStep(Stage::kIngest, first.get(), fence, CheckpointUpdate{});
+  ASSERT_TRUE(attempt.ok()) << attempt.status();
+
+  // The operator's QUARANTINE (what SourceManagerImpl::ResolveHold commits).
+  std::unique_ptr<StepBatch> resolve = store_->NewStep("s");
+  ReceiptRecord quarantined = Receipt(held);
+  quarantined.set_outcome(RECEIPT_QUARANTINED);
+  resolve->PutReceipt(Stage::kIngest, held, quarantined);
+  resolve->PutRow(held, RowBytes(held));
+  resolve->DeleteHold(Stage::kIngest, held);
+  Fence by_hold;
+  by_hold.any_version = true;
+  by_hold.hold = Fence::HoldPrecondition{Stage::kIngest, held, 1};
+  CheckpointUpdate decided;
+  decided.counter_deltas.set_quarantined(1);
+  ASSERT_OK(store_->CommitStep(Stage::kIngest, resolve.get(), by_hold, decided).status());
+
+  // The attempt's retry answered APPLIED; its step is fenced as all of its steps are.
+  std::unique_ptr<StepBatch> retry = store_->NewStep("s");
+  ReceiptRecord applied = Receipt(held);
+  retry->PutReceipt(Stage::kIngest, held, applied);
+  retry->PutRow(held, RowBytes(held));
+  retry->DeleteHold(Stage::kIngest, held);
+  Fence stale;
+  stale.expected_version = attempt->version();
+  stale.expected_step_seq = attempt->step_seq();
+  CheckpointUpdate counted;
+  counted.counter_deltas.set_applied(1);
+  EXPECT_EQ(store_->CommitStep(Stage::kIngest, retry.get(), stale, counted).status().code(),
+            absl::StatusCode::kAborted);
+  CheckpointRecord cp = Checkpoint("s");
+  EXPECT_EQ(cp.counters().applied(), 0u);
+  EXPECT_EQ(cp.counters().quarantined(), 1u);
+  absl::StatusOr<std::optional<std::string>> receipt =
+      store_->GetStaged(StagedFamily::kReceipts, "s", Stage::kIngest, held);
+  ASSERT_TRUE(receipt.ok() && receipt->has_value());
+  ReceiptRecord stored;
+  ASSERT_TRUE(stored.ParseFromString(**receipt));
+  EXPECT_EQ(stored.outcome(), RECEIPT_QUARANTINED);
+
+  // The other order: the worker's step first, then a resolution quoting the version the
+  // operator read loses (the hold changed, or is gone).
+  std::unique_ptr<StepBatch> again = store_->NewStep("s");
+  const Position next{121, 0};
+  hold = HoldAt("s", next);
+  hold.set_version(1);
+  again->PutHold(Stage::kIngest, next, hold);
+  Fence current;
+  current.expected_version = cp.version();
+  current.expected_step_seq = cp.step_seq();
+  ASSERT_OK(store_->CommitStep(Stage::kIngest, again.get(), current, CheckpointUpdate{}).status());
+  std::unique_ptr<StepBatch> worker = store_->NewStep("s");
+  hold.set_version(2);
+  worker->PutHold(Stage::kIngest, next, hold);
+  current.expected_step_seq = cp.step_seq() + 1;
+  ASSERT_OK(store_->CommitStep(Stage::kIngest, worker.get(), current, CheckpointUpdate{}).status());
+  std::unique_ptr<StepBatch> late = store_->NewStep("s");
+  late->DeleteHold(Stage::kIngest, next);
+  by_hold.hold = Fence::HoldPrecondition{Stage::kIngest, next, 1};
+  EXPECT_EQ(store_->CommitStep(Stage::kIngest, late.get(), by_hold, decided).status().code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(HoldVersion(store_.get(), Stage::kIngest, next), 2u);
 }
 
 TEST_F(StoreTest, ScanRowsOrdersLargePositions) {

@@ -1,5 +1,6 @@
 // The SourceManager with real worker threads: life cycle, recovery after a restart,
-// the identity binding of checkpoints, holds resolved while a worker waits, and idle
+// the identity binding of checkpoints, holds resolved while a worker waits (a decision
+// applies only to the hold it quotes, and fences the worker's step in flight), and idle
 // workers that use no CPU.
 #include <sys/resource.h>
 
@@ -328,6 +329,138 @@ TEST_F(ManagerTest, AHoldResolvedDuringTheLedgerReadIsNeverDeliveredAgain) {
   EXPECT_TRUE(passed) << "the barrier did not pass the quarantined event";
   EXPECT_EQ(sink_.attempts(held), 1) << "delivered again after the operator's QUARANTINE";
   manager_->Shutdown();
+}
+
+// An operator's decision applies only to the hold he read. He reads the review hold of
+// event 101:0 (version 1); a correction then replaces that event, and the new event gets
+// a review hold of its own, which its worker writes at version 1 again. The decision
+// quoting the version he read must not quarantine an event he never saw.
+TEST_F(ManagerTest, ADecisionNeverAppliesToAHoldThatReplacedTheOneRead) {
+  ASSERT_NO_FATAL_FAILURE(BlockOnAReviewHoldAt101());
+  handoff::v1::GetHoldRequest get;
+  get.set_source_id("h");
+  get.set_stage(handoff::v1::STAGE_INGEST);
+  get.set_block_number(101);
+  get.set_log_index(0);
+  absl::StatusOr<handoff::v1::Hold> read = manager_->GetHold(get);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->event().block_hash(), MakeRow(101).block_hash());
+
+  // Block 101 is reorganised: the correction page brings another event there, which the
+  // sink sends to review too.
+  ASSERT_TRUE(manager_->StopSource("h").ok());
+  const handoff::v1::EventRow replacement = MakeRow(101, 0, "b");
+  providers_["h"].SetPage("100", MakePage(100, 101, {MakeRow(100), replacement}, "c1",
+                                          /*reorg=*/true));
+  const std::string applied = absl::StrCat("h/", MakeRow(100).block_hash(), "/0");
+  sink_.SetScript([applied](const std::string& key, int) {
+    consumer::SinkAnswer a;
+    a.kind = key == applied ? consumer::SinkAnswer::Kind::kApplied
+                            : consumer::SinkAnswer::Kind::kNeedsReview;
+    return a;
+  });
+  ASSERT_TRUE(manager_->StartSource("h").ok());
+  absl::StatusOr<handoff::v1::Hold> replaced;
+  ASSERT_TRUE(WaitFor("h", [&](const handoff::v1::Progress& pr) {
+    if (pr.state() != handoff::v1::SOURCE_STATE_BLOCKED_ON_HOLD) return false;
+    replaced = manager_->GetHold(get);
+    return replaced.ok() && replaced->event().block_hash() == replacement.block_hash();
+  }));
+
+  handoff::v1::ResolveHoldRequest late = QuarantineTheHoldAt101();
+  late.set_hold_version(read->version());
+  absl::StatusOr<handoff::v1::ResolveHoldResponse> res = manager_->ResolveHold(late, "alice");
+  EXPECT_EQ(res.status().code(), absl::StatusCode::kAborted)
+      << "the decision about " << read->event().block_hash() << " quarantined "
+      << (res.ok() ? res->record().event().block_hash() : "nothing");
+  absl::StatusOr<handoff::v1::Hold> still = manager_->GetHold(get);
+  ASSERT_TRUE(still.ok()) << still.status();
+  EXPECT_EQ(still->event().block_hash(), replacement.block_hash());
+  EXPECT_GT(still->version(), read->version());
+  // Decided on what the operator now reads, it applies.
+  late.set_hold_version(still->version());
+  res = manager_->ResolveHold(late, "alice");
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ(res->record().event().block_hash(), replacement.block_hash());
+  ASSERT_TRUE(WaitFor("h", [](const handoff::v1::Progress& pr) {
+    return pr.checkpoint().resume_cursor() == "c1";
+  }));
+  manager_->Shutdown();
+}
+
+// A retrying event's retry is in flight (its sink call answered, its step not committed)
+// when the operator's QUARANTINE of its hold commits. Whichever commits second must see
+// the other's write: here the worker's step, which must be fenced out and reread state,
+// rather than count the event a second time (APPLIED beside QUARANTINED) or leave a new
+// RETRYING hold on an event that already has its terminal outcome.
+class ResolutionDuringARetryTest : public ManagerTest {
+ protected:
+  // The worker's retry of 101:0 gets `on_retry` from the sink.
+  void QuarantineWhileTheRetryIsInFlight(consumer::SinkAnswer::Kind on_retry) {
+    handoff::v1::SourceSpec spec = Spec("h");
+    spec.mutable_sink()->mutable_downstream()->set_target("unused:1");
+    spec.mutable_failure_policy()->set_initial_backoff_ms(1);
+    spec.mutable_failure_policy()->set_max_backoff_ms(1);
+    providers_["h"].SetPage("100", MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "c1"));
+    const std::string held = absl::StrCat("h/", MakeRow(101).block_hash(), "/0");
+    sink_.SetScript([held, on_retry](const std::string& key, int attempt) {
+      consumer::SinkAnswer a;
+      a.kind = consumer::SinkAnswer::Kind::kApplied;
+      if (key == held) a.kind = attempt == 1 ? consumer::SinkAnswer::Kind::kRetryLater : on_retry;
+      a.message = "busy";
+      return a;
+    });
+    // The retry's answer is in, its step not committed yet: the operator decides now.
+    // (The first call, whose answer makes the hold, finds none.)
+    std::atomic<bool> fired{false};
+    absl::Status resolved = absl::UnknownError("not run");
+    consumer::FaultPoints::Arm("ingest.after_deliver", [&] {
+      if (fired.load()) return false;
+      handoff::v1::GetHoldRequest get;
+      get.set_source_id("h");
+      get.set_stage(handoff::v1::STAGE_INGEST);
+      get.set_block_number(101);
+      get.set_log_index(0);
+      absl::StatusOr<handoff::v1::Hold> hold = manager_->GetHold(get);
+      if (!hold.ok()) return false;
+      fired.store(true);
+      handoff::v1::ResolveHoldRequest r = QuarantineTheHoldAt101();
+      r.set_hold_version(hold->version());
+      resolved = manager_->ResolveHold(r, "alice").status();
+      return false;  // not a crash
+    });
+    const bool created = Create(spec, true).ok();
+    const bool passed = created && WaitFor("h", [](const handoff::v1::Progress& pr) {
+      return pr.checkpoint().resume_cursor() == "c1";
+    });
+    consumer::FaultPoints::DisarmAll();  // before anything can return: it captures locals
+    ASSERT_TRUE(created);
+    ASSERT_TRUE(fired.load());
+    ASSERT_TRUE(resolved.ok()) << resolved;
+    EXPECT_TRUE(passed) << "the barrier did not pass the quarantined event";
+    EXPECT_EQ(sink_.attempts(held), 2);
+    absl::StatusOr<handoff::v1::Progress> pr = manager_->GetProgress("h");
+    ASSERT_TRUE(pr.ok());
+    EXPECT_EQ(pr->counters().applied(), 1u) << "101:0 counted as applied beside its quarantine";
+    EXPECT_EQ(pr->counters().quarantined(), 1u);
+    EXPECT_EQ(pr->counters().open_holds(), 0u) << "a hold written on a quarantined event";
+    handoff::v1::ListQuarantineRequest lq;
+    lq.set_source_id("h");
+    absl::StatusOr<handoff::v1::ListQuarantineResponse> q = manager_->ListQuarantine(lq);
+    ASSERT_TRUE(q.ok());
+    ASSERT_EQ(q->records_size(), 1);
+    EXPECT_EQ(q->records(0).actor(), "alice");
+    EXPECT_EQ(q->records(0).event().block_number(), 101u);
+    manager_->Shutdown();
+  }
+};
+
+TEST_F(ResolutionDuringARetryTest, AnAppliedAnswerDoesNotCountTheEventAgain) {
+  QuarantineWhileTheRetryIsInFlight(consumer::SinkAnswer::Kind::kApplied);
+}
+
+TEST_F(ResolutionDuringARetryTest, ARetryAnswerLeavesNoHoldOnTheQuarantinedEvent) {
+  QuarantineWhileTheRetryIsInFlight(consumer::SinkAnswer::Kind::kRetryLater);
 }
 
 TEST_F(ManagerTest, WaitingWorkersUseNoCpu) {

@@ -118,7 +118,11 @@ absl::StatusOr<handoff::v1::SourceSpec> NormalizeSpec(const handoff::v1::SourceS
   }
   switch (sink->gate()) {
     case handoff::v1::DELIVERY_GATE_UNSPECIFIED:
-      sink->set_gate(handoff::v1::DELIVERY_GATE_IMMEDIATE);
+      // The provider contract gates effects outside the service on the highest finalized
+      // mark (an event above it can still be reorged away): a downstream sink gets that
+      // unless its spec asks for less. The gate means nothing for local rows.
+      sink->set_gate(sink->has_downstream() ? handoff::v1::DELIVERY_GATE_FINALIZED
+                                            : handoff::v1::DELIVERY_GATE_IMMEDIATE);
       break;
     case handoff::v1::DELIVERY_GATE_IMMEDIATE:
     case handoff::v1::DELIVERY_GATE_SAFE:

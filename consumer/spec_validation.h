@@ -16,8 +16,8 @@ namespace handoff::consumer {
 // `field` is the path used in error messages, e.g. "source_id" or "spec.id".
 absl::Status ValidateSourceId(absl::string_view id, absl::string_view field);
 
-// Checks `spec` and fills defaults (page_limit 1000, local rows sink, IMMEDIATE gate,
-// failure policy defaults). The result is what is stored and compared for idempotency.
+// Checks `spec` and fills defaults (page_limit 1000, local rows sink, the FINALIZED gate
+// for a downstream sink, failure policy defaults). The result is what is stored and compared for idempotency.
 absl::StatusOr<handoff::v1::SourceSpec> NormalizeSpec(const handoff::v1::SourceSpec& spec);
 
 // The fields (paths such as "filter" or "sink.gate") in which two normalised specs

@@ -106,6 +106,7 @@ class ManagerTest : public ::testing::Test {
   void BlockOnAReviewHoldAt101(std::string* held_key = nullptr) {
     handoff::v1::SourceSpec spec = Spec("h");
     spec.mutable_sink()->mutable_downstream()->set_target("unused:1");
+    spec.mutable_sink()->set_gate(handoff::v1::DELIVERY_GATE_IMMEDIATE);
     spec.mutable_failure_policy()->set_on_rejection(handoff::v1::REJECTION_POLICY_HOLD);
     providers_["h"].SetPage("100", MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "c1"));
     const std::string held = absl::StrCat("h/", MakeRow(101).block_hash(), "/0");
@@ -399,6 +400,7 @@ class ResolutionDuringARetryTest : public ManagerTest {
   void QuarantineWhileTheRetryIsInFlight(consumer::SinkAnswer::Kind on_retry) {
     handoff::v1::SourceSpec spec = Spec("h");
     spec.mutable_sink()->mutable_downstream()->set_target("unused:1");
+    spec.mutable_sink()->set_gate(handoff::v1::DELIVERY_GATE_IMMEDIATE);
     spec.mutable_failure_policy()->set_initial_backoff_ms(1);
     spec.mutable_failure_policy()->set_max_backoff_ms(1);
     providers_["h"].SetPage("100", MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "c1"));

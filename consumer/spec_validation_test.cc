@@ -1,0 +1,55 @@
+#include "consumer/spec_validation.h"
+
+#include "gtest/gtest.h"
+
+namespace handoff::consumer {
+namespace {
+
+handoff::v1::SourceSpec MinimalSpec() {
+  handoff::v1::SourceSpec spec;
+  spec.set_id("s1");
+  spec.set_provider_url("http://127.0.0.1:8545");
+  spec.set_chain("sim");
+  spec.set_source("logs");
+  spec.set_filter("all");
+  spec.set_transport(handoff::v1::TRANSPORT_POLL);
+  spec.mutable_start()->set_block(100);
+  return spec;
+}
+
+TEST(NormalizeSpec, ADownstreamSinkIsGatedOnFinalityUnlessTheSpecSaysOtherwise) {
+  handoff::v1::SourceSpec spec = MinimalSpec();
+  spec.mutable_sink()->mutable_downstream()->set_target("127.0.0.1:9000");
+  absl::StatusOr<handoff::v1::SourceSpec> n = NormalizeSpec(spec);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->sink().gate(), handoff::v1::DELIVERY_GATE_FINALIZED);
+
+  for (handoff::v1::DeliveryGate gate :
+       {handoff::v1::DELIVERY_GATE_IMMEDIATE, handoff::v1::DELIVERY_GATE_SAFE}) {
+    spec.mutable_sink()->set_gate(gate);
+    n = NormalizeSpec(spec);
+    ASSERT_TRUE(n.ok()) << n.status();
+    EXPECT_EQ(n->sink().gate(), gate);
+  }
+}
+
+TEST(NormalizeSpec, LocalRowsAreTheDefaultSinkAndTakeNoGate) {
+  absl::StatusOr<handoff::v1::SourceSpec> n = NormalizeSpec(MinimalSpec());
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_TRUE(n->sink().has_local_rows());
+  EXPECT_EQ(n->sink().gate(), handoff::v1::DELIVERY_GATE_IMMEDIATE);
+  EXPECT_EQ(n->page_limit(), 1000u);
+}
+
+TEST(NormalizeSpec, AnUnknownGateIsRefusedByName) {
+  handoff::v1::SourceSpec spec = MinimalSpec();
+  spec.mutable_sink()->mutable_downstream()->set_target("127.0.0.1:9000");
+  spec.mutable_sink()->set_gate(static_cast<handoff::v1::DeliveryGate>(42));
+  absl::StatusOr<handoff::v1::SourceSpec> n = NormalizeSpec(spec);
+  EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(n.status().message().find("spec.sink.gate"), absl::string_view::npos)
+      << n.status();
+}
+
+}  // namespace
+}  // namespace handoff::consumer

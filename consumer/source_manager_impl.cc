@@ -20,6 +20,19 @@
 namespace handoff::consumer {
 namespace {
 
+// A spec that leaves the gate unset means "the default" for a new source; an existing
+// source keeps the gate it was created with (sources created when the default was
+// IMMEDIATE, declared in a config that never named a gate, stay as they were instead of
+// reading as a gate change that needs a rebuild).
+void KeepStoredGateWhenUnset(const handoff::v1::SourceSpec& requested,
+                             const handoff::v1::SourceSpec& stored,
+                             handoff::v1::SourceSpec* normalized) {
+  if (requested.sink().gate() == handoff::v1::DELIVERY_GATE_UNSPECIFIED &&
+      requested.sink().kind_case() == stored.sink().kind_case()) {
+    normalized->mutable_sink()->set_gate(stored.sink().gate());
+  }
+}
+
 constexpr uint64_t kMaxIndex = std::numeric_limits<uint64_t>::max();
 
 bool IsGated(const handoff::v1::SourceSpec& spec) {
@@ -170,6 +183,7 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::CreateSource(
     KeyedMutex::Lock source_op(&source_ops_, spec.id());
     absl::StatusOr<handoff::v1::Source> existing = store_->GetSource(spec.id());
     if (existing.ok()) {
+      KeepStoredGateWhenUnset(request.spec(), existing->spec(), &spec);
       if (!google::protobuf::util::MessageDifferencer::Equals(existing->spec(), spec)) {
         return absl::AlreadyExistsError(absl::StrCat(
             "spec.id: source '", spec.id(), "' exists with a different spec"));
@@ -278,6 +292,7 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::UpdateSource(
     absl::ReaderMutexLock ops(&ops_mu_);
     KeyedMutex::Lock source_op(&source_ops_, spec.id());
     ASSIGN_OR_RETURN(handoff::v1::Source source, store_->GetSource(spec.id()));
+    KeepStoredGateWhenUnset(in, source.spec(), &spec);
     if (google::protobuf::util::MessageDifferencer::Equals(source.spec(), spec)) {
       return WithProgress(source);
     }

@@ -169,6 +169,36 @@ TEST_F(ManagerTest, CreateIsIdempotentAndADifferentSpecIsAlreadyExists) {
   EXPECT_NE(s.message().find("spec.id"), absl::string_view::npos);
 }
 
+// A spec that names no gate: a new downstream source is gated on finality; a source
+// that exists keeps the gate it was created with (one created when IMMEDIATE was the
+// default, declared again by a config that never named a gate, is not a gate change).
+TEST_F(ManagerTest, AnUnsetGateMeansFinalizedForANewSourceAndTheStoredOneOtherwise) {
+  handoff::v1::SourceSpec unset = Spec("g");
+  unset.mutable_sink()->mutable_downstream()->set_target("unused:1");
+  absl::StatusOr<handoff::v1::Source> created = Create(unset, false);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(created->spec().sink().gate(), handoff::v1::DELIVERY_GATE_FINALIZED);
+
+  handoff::v1::SourceSpec immediate = Spec("old");
+  *immediate.mutable_sink() = unset.sink();
+  immediate.mutable_sink()->set_gate(handoff::v1::DELIVERY_GATE_IMMEDIATE);
+  ASSERT_TRUE(Create(immediate, false).ok());
+  handoff::v1::SourceSpec again = unset;
+  again.set_id("old");
+  absl::StatusOr<handoff::v1::Source> same = Create(again, false);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->spec().sink().gate(), handoff::v1::DELIVERY_GATE_IMMEDIATE);
+  again.set_page_limit(10);  // a safe change, with the gate still unset
+  absl::StatusOr<handoff::v1::Source> updated = manager_->UpdateSource(again);
+  ASSERT_TRUE(updated.ok()) << updated.status();
+  EXPECT_EQ(updated->spec().sink().gate(), handoff::v1::DELIVERY_GATE_IMMEDIATE);
+  EXPECT_EQ(updated->spec().page_limit(), 10u);
+  // Naming another gate is still a change that needs a rebuild.
+  again.mutable_sink()->set_gate(handoff::v1::DELIVERY_GATE_FINALIZED);
+  EXPECT_EQ(manager_->UpdateSource(again).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(ManagerTest, UpdateSourceAppliesSafeChangesAndRefusesOthersNamingThem) {
   providers_["u"].SetPage("100", MakePage(100, 100, {MakeRow(100)}, "c1"));
   ASSERT_TRUE(Create(Spec("u"), true).ok());

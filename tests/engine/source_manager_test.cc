@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -45,6 +46,14 @@ class ForwardSink : public consumer::ExternalSink {
   FakeSink* s_;
 };
 
+// A stream (not polled per fetch) whose every Fetch at the head answers "nothing new"
+// at once: a provider flooding heartbeats, or a stream that does not wait.
+class InstantStream : public consumer::testing::ForwardingProvider {
+ public:
+  using ForwardingProvider::ForwardingProvider;
+  bool PolledPerFetch() const override { return false; }
+};
+
 class ManagerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -69,6 +78,9 @@ class ManagerTest : public ::testing::Test {
     mo.factories.provider = [this](const handoff::v1::SourceSpec& spec)
         -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
       if (on_provider_) on_provider_(spec.id());
+      if (streams_.contains(spec.id())) {
+        return std::unique_ptr<consumer::Provider>(new InstantStream(&providers_[spec.id()]));
+      }
       return std::unique_ptr<consumer::Provider>(new consumer::testing::ForwardingProvider(&providers_[spec.id()]));
     };
     mo.factories.external_sink = [this](const handoff::v1::SourceSpec&)
@@ -152,6 +164,8 @@ class ManagerTest : public ::testing::Test {
   // Called as a worker's provider is made (inside StartSource), with the source id.
   std::function<void(const std::string&)> on_provider_;
   std::map<std::string, FakeProvider> providers_;
+  // Sources whose provider is a stream that answers "nothing new" at once (InstantStream).
+  absl::flat_hash_set<std::string> streams_;
   FakeSink sink_{8};
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<consumer::SourceManager> manager_;
@@ -493,6 +507,26 @@ TEST_F(ResolutionDuringARetryTest, AnAppliedAnswerDoesNotCountTheEventAgain) {
 
 TEST_F(ResolutionDuringARetryTest, ARetryAnswerLeavesNoHoldOnTheQuarantinedEvent) {
   QuarantineWhileTheRetryIsInFlight(consumer::SinkAnswer::Kind::kRetryLater);
+}
+
+// A stream's heartbeats are taken without the polling backoff, but never faster than
+// the floor between two: a stream that answers "nothing new" at once cannot spin its
+// worker.
+TEST_F(ManagerTest, AStreamThatAnswersNothingNewAtOnceDoesNotSpinItsWorker) {
+  streams_.insert("hb");
+  ASSERT_TRUE(Create(Spec("hb"), true).ok());
+  FakeProvider& provider = providers_["hb"];
+  ASSERT_TRUE(WaitFor("hb", [&](const handoff::v1::Progress&) {
+    return provider.fetches() >= 2;
+  }));
+  const int from = provider.fetches();
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(WaitFor("hb", [&](const handoff::v1::Progress&) {
+    return provider.fetches() >= from + 6;
+  }));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(500))
+      << "6 heartbeats taken with less than 100 ms between them";
+  manager_->Shutdown();
 }
 
 TEST_F(ManagerTest, WaitingWorkersUseNoCpu) {

@@ -1,6 +1,7 @@
 #include "consumer/page_validator.h"
 
 #include <limits>
+#include <optional>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -172,11 +173,12 @@ PageVerdict ValidatePage(const Page& page, const std::string& request_cursor,
     // leaves the rest of the old fork above it). Left in place it would stay among the
     // rows, or block the barrier, beside the new fork's events.
     if (!replace_uncommitted) {
-      const absl::flat_hash_set<std::pair<uint64_t, uint64_t>> same =
-          RepeatedIdentities(page, ledger);
+      // (Most pages have no durable outcome above the committed range: nothing to do.)
+      std::optional<absl::flat_hash_set<std::pair<uint64_t, uint64_t>>> same;
       for (const auto& [pos, entry] : ledger.entries()) {
-        if (uncommitted(pos) && !DurableIdentity(entry).empty() &&
-            !same.contains(std::make_pair(pos.block, pos.log_index))) {
+        if (!uncommitted(pos) || DurableIdentity(entry).empty()) continue;
+        if (!same.has_value()) same = RepeatedIdentities(page, ledger);
+        if (!same->contains(std::make_pair(pos.block, pos.log_index))) {
           replace_uncommitted = true;
           break;
         }

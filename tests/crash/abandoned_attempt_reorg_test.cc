@@ -7,6 +7,7 @@
 // non-correction page") forever; it must replace the abandoned attempt's receipts and
 // rows like a correction's orphans and proceed.
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -28,13 +29,18 @@ std::string TempDir(const std::string& name) {
   return absl::StrCat(base != nullptr ? base : "/tmp", "/", name);
 }
 
-void RunScenario(bool external_sink) {
+// Commits blocks 100-101 (cursor C1), then a page 102-104 at C1 (fork "a") of which 102
+// and 103 commit before the process dies (no barrier: the cursor stays C1). Meanwhile
+// the chain reorganised: the provider serves the same cursor's page, not a correction
+// (the client never committed past C1), with `refetched` as its items. The page must
+// replace what the abandoned attempt wrote and pass its barrier.
+void RunScenario(const std::string& dir, bool external_sink,
+                 std::vector<handoff::v1::EventRow> refetched) {
   HarnessOptions o;
   o.start_block = 100;
   o.external_sink = external_sink;
-  Harness h(TempDir(external_sink ? "abandoned-sink" : "abandoned-rows"), o);
+  Harness h(TempDir(dir), o);
   h.Open();
-  // Committed: blocks 100-101 (cursor C1). Then a page 102-104 at C1 (fork "a").
   Script before;
   before.cursors = {"100", "C1"};
   before.pages.push_back(MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "C1"));
@@ -42,74 +48,43 @@ void RunScenario(bool external_sink) {
       MakePage(102, 104, {MakeRow(102), MakeRow(103), MakeRow(104)}, "C2"));
   h.Load(before);
   ASSERT_EQ(h.Step().kind, Kind::kPromoted);
-  // 102 and 103 commit, then the process dies before 104 (no barrier: cursor stays C1).
   FaultPoints::ArmNth("ingest.before_event_commit", 3);
   ASSERT_EQ(h.Step().kind, Kind::kCrashed);
   h.Crash();
   ASSERT_EQ(h.Checkpoint().resume_cursor(), "C1");
   ASSERT_EQ(h.Checkpoint().applied_block(), 103u);
 
-  // Meanwhile blocks 103-104 were reorganised (fork "b"). The provider serves the same
-  // cursor's page, not a correction: the client never committed past C1.
   Script after;
   after.cursors = {"100", "C1"};
   after.pages.push_back(consumer::CopyOfPage(before.pages[0]));
-  after.pages.push_back(MakePage(
-      102, 104, {MakeRow(102), MakeRow(103, 0, "b"), MakeRow(104, 0, "b")}, "C2"));
+  after.pages.push_back(MakePage(102, 104, std::move(refetched), "C2"));
   h.Load(after);
   PageAttempt::Result r = h.Step();
   ASSERT_EQ(r.kind, Kind::kPromoted) << r.detail;
   EXPECT_EQ(h.Checkpoint().resume_cursor(), "C2");
   EXPECT_EQ(h.Checkpoint().applied_block(), 104u);
-  if (!external_sink) {
-    EXPECT_EQ(h.Rows(), ModelAfter(after, 2));
-  }
-  EXPECT_EQ(CheckComplete(h, after), "");
-}
-
-TEST(AbandonedAttemptReorg, NonCorrectionPageReplacesUncommittedReceipts) { RunScenario(false); }
-
-TEST(AbandonedAttemptReorg, WithAnImmediateSink) { RunScenario(true); }
-
-// The reorganised fork leaves an event out instead of changing it: the abandoned
-// attempt's outcome at 103 has no counterpart in the page, and no item conflicts with
-// any outcome. The old fork's 103 must not survive beside the new fork's 104.
-void RunOmissionScenario(bool external_sink) {
-  HarnessOptions o;
-  o.start_block = 100;
-  o.external_sink = external_sink;
-  Harness h(TempDir(external_sink ? "omitted-sink" : "omitted-rows"), o);
-  h.Open();
-  Script before;
-  before.cursors = {"100", "C1"};
-  before.pages.push_back(MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "C1"));
-  before.pages.push_back(
-      MakePage(102, 104, {MakeRow(102), MakeRow(103), MakeRow(104)}, "C2"));
-  h.Load(before);
-  ASSERT_EQ(h.Step().kind, Kind::kPromoted);
-  FaultPoints::ArmNth("ingest.before_event_commit", 3);
-  ASSERT_EQ(h.Step().kind, Kind::kCrashed);
-  h.Crash();
-  ASSERT_EQ(h.Checkpoint().applied_block(), 103u);
-
-  Script after;
-  after.cursors = {"100", "C1"};
-  after.pages.push_back(consumer::CopyOfPage(before.pages[0]));
-  after.pages.push_back(MakePage(102, 104, {MakeRow(102), MakeRow(104, 0, "b")}, "C2"));
-  h.Load(after);
-  PageAttempt::Result r = h.Step();
-  ASSERT_EQ(r.kind, Kind::kPromoted) << r.detail;
-  EXPECT_EQ(h.Checkpoint().resume_cursor(), "C2");
-  EXPECT_EQ(h.Checkpoint().applied_block(), 104u);
-  EXPECT_EQ(h.Rows().count(Position{103, 0}), 0u) << "the abandoned fork's 103 survived";
   EXPECT_EQ(h.Rows(), ModelAfter(after, 2));
   EXPECT_EQ(CheckComplete(h, after), "");
 }
 
-TEST(AbandonedAttemptReorg, OmittedEventIsReplaced) { RunOmissionScenario(false); }
+// Blocks 103-104 get new identities (fork "b").
+std::vector<handoff::v1::EventRow> Changed() {
+  return {MakeRow(102), MakeRow(103, 0, "b"), MakeRow(104, 0, "b")};
+}
+// The new fork leaves 103's event out instead of changing it: no item conflicts with
+// an outcome, and the old fork's 103 must still not survive beside the new 104.
+std::vector<handoff::v1::EventRow> Omitted() { return {MakeRow(102), MakeRow(104, 0, "b")}; }
+
+TEST(AbandonedAttemptReorg, NonCorrectionPageReplacesUncommittedReceipts) {
+  RunScenario("abandoned-rows", false, Changed());
+}
+
+TEST(AbandonedAttemptReorg, WithAnImmediateSink) { RunScenario("abandoned-sink", true, Changed()); }
+
+TEST(AbandonedAttemptReorg, OmittedEventIsReplaced) { RunScenario("omitted-rows", false, Omitted()); }
 
 TEST(AbandonedAttemptReorg, OmittedEventIsReplacedWithAnImmediateSink) {
-  RunOmissionScenario(true);
+  RunScenario("omitted-sink", true, Omitted());
 }
 
 // The first page of a deep correction is split by the page limit: the correction covers

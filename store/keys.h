@@ -15,7 +15,9 @@
 //   outbox:       <id> 0x00 <block:be64> <log_index:be64>
 //   receipts, quarantine, holds:
 //                 <id> 0x00 <stage> <block:be64> <log_index:be64>
-//   meta:         ascii names ("schema_version")
+//   meta:         ascii names ("schema_version"; the floors "version_floor/<id>" and
+//                 "hold_floor/<id>/<stage>/<block>:<log_index>", built in store.cc
+//                 with the records they guard, store/README.md "Meta keys")
 #ifndef HANDOFF_STORE_KEYS_H_
 #define HANDOFF_STORE_KEYS_H_
 

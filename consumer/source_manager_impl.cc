@@ -191,7 +191,9 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::CreateSource(
       if (request.start() && !IsRunning(spec.id())) {
         existing->set_desired_running(true);
         RETURN_IF_ERROR(store_->PutSource(*existing));
-        RETURN_IF_ERROR(StartLocked(*existing));
+        bool config_invalid = false;
+        absl::Status s = StartLocked(*existing, &config_invalid);
+        if (!s.ok() && !config_invalid) return s;
       }
     } else if (!absl::IsNotFound(existing.status())) {
       return existing.status();
@@ -211,13 +213,35 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::CreateSource(
       RETURN_IF_ERROR(store_->PutSource(source));
       absl::StatusOr<handoff::v1::Progress> p = ProgressFromStore(source);
       if (p.ok()) board_.Update(spec.id(), [&](handoff::v1::Progress* out) { *out = *p; });
-      if (request.start()) RETURN_IF_ERROR(StartLocked(source));
+      if (request.start()) {
+        // Created either way: a start its own configuration refuses leaves the source
+        // halted as CONFIG_INVALID, which GetSource shows with the reason.
+        bool config_invalid = false;
+        absl::Status s = StartLocked(source, &config_invalid);
+        if (!s.ok() && !config_invalid) return s;
+      }
     }
   }
   return GetSource(spec.id());
 }
 
-absl::Status SourceManagerImpl::StartLocked(const handoff::v1::Source& source) {
+absl::Status SourceManagerImpl::HaltUnstartable(absl::string_view id, absl::Status why,
+                                                bool* config_invalid) {
+  handoff::v1::Progress halt;
+  halt.set_source_id(std::string(id));
+  halt.set_state(handoff::v1::SOURCE_STATE_CONFIG_INVALID);
+  halt.set_reason(absl::StrCat("cannot start: ", why.message()));
+  board_.Update(id, [&](handoff::v1::Progress* out) {
+    out->set_state(halt.state());
+    out->set_reason(halt.reason());
+  });
+  PersistHalt(halt);
+  if (config_invalid != nullptr) *config_invalid = true;
+  return why;
+}
+
+absl::Status SourceManagerImpl::StartLocked(const handoff::v1::Source& source,
+                                            bool* config_invalid) {
   const std::string& id = source.spec().id();
   {
     absl::MutexLock lock(&mu_);
@@ -225,12 +249,25 @@ absl::Status SourceManagerImpl::StartLocked(const handoff::v1::Source& source) {
     auto it = workers_.find(id);
     if (it != workers_.end() && !it->second->finished()) return absl::OkStatus();
   }
+  // A failed store refuses writes until the process restarts, and what it holds past
+  // the failure may never have reached the disk: a worker started on it would publish
+  // (and a gated one deliver) a page whose sync failed. Refused before the halted worker
+  // is reaped, so its STORAGE_FAILED report stays.
+  if (absl::Status health = store_->health(); !health.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "source '", id, "' cannot start: the store failed (", health.message(),
+        "); restart handoffd once the disk is fixed"));
+  }
   RETURN_IF_ERROR(StopLocked(id));  // reap a finished (halted) worker
   ASSIGN_OR_RETURN(store::CheckpointRecord cp, store_->LoadCheckpoint(id, store::Stage::kIngest));
   if (cp.identity_hash() != store::IdentityHash(source.spec())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "source '", id, "': its identity (provider URL, chain, source, filter) changed since "
-        "its checkpoint was written; a cursor is only valid for its identity: RebuildSource"));
+    return HaltUnstartable(
+        id,
+        absl::FailedPreconditionError(absl::StrCat(
+            "source '", id, "': its identity (provider URL, chain, source, filter) changed "
+            "since its checkpoint was written; a cursor is only valid for its identity: "
+            "RebuildSource")),
+        config_invalid);
   }
   SourceWorker::Parts parts;
   parts.store = store_;
@@ -238,7 +275,9 @@ absl::Status SourceManagerImpl::StartLocked(const handoff::v1::Source& source) {
   parts.board = &board_;
   parts.deleter = &deleter_;
   parts.persist_halt = [this](const handoff::v1::Progress& p) { PersistHalt(p); };
-  ASSIGN_OR_RETURN(parts.provider, options_.factories.provider(source.spec()));
+  absl::StatusOr<std::unique_ptr<Provider>> provider = options_.factories.provider(source.spec());
+  if (!provider.ok()) return HaltUnstartable(id, provider.status(), config_invalid);
+  parts.provider = *std::move(provider);
   if (parts.provider->PolledPerFetch()) {
     parts.idle_poller = IdlePollerFor(source.spec().provider_url());
   }
@@ -246,7 +285,10 @@ absl::Status SourceManagerImpl::StartLocked(const handoff::v1::Source& source) {
     if (!options_.factories.external_sink) {
       return absl::FailedPreconditionError("no EventSink client is configured in this server");
     }
-    ASSIGN_OR_RETURN(parts.sink, options_.factories.external_sink(source.spec()));
+    absl::StatusOr<std::unique_ptr<ExternalSink>> sink =
+        options_.factories.external_sink(source.spec());
+    if (!sink.ok()) return HaltUnstartable(id, sink.status(), config_invalid);
+    parts.sink = *std::move(sink);
   }
   parts.effect = options_.effect;
   WorkerOptions wo = options_.worker;
@@ -319,10 +361,12 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::StartSource(absl::string_
     KeyedMutex::Lock source_op(&source_ops_, id);
     ASSIGN_OR_RETURN(handoff::v1::Source source, store_->GetSource(id));
     if (!IsRunning(id)) {
-      RETURN_IF_ERROR(StartLocked(source));
+      // Written before the worker starts: a halt it persists at once (PersistHalt) must
+      // not be overwritten by this cleared record.
       source.set_desired_running(true);
       source.mutable_progress()->Clear();
       RETURN_IF_ERROR(store_->PutSource(source));
+      RETURN_IF_ERROR(StartLocked(source));
     }
   }
   return GetSource(id);
@@ -333,8 +377,10 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::StopSource(absl::string_v
   {
     absl::ReaderMutexLock ops(&ops_mu_);
     KeyedMutex::Lock source_op(&source_ops_, id);
-    ASSIGN_OR_RETURN(handoff::v1::Source source, store_->GetSource(id));
+    RETURN_IF_ERROR(store_->GetSource(id).status());
     RETURN_IF_ERROR(StopLocked(id));
+    // Read once the worker is joined: a halt it persisted while stopping stays.
+    ASSIGN_OR_RETURN(handoff::v1::Source source, store_->GetSource(id));
     if (source.desired_running()) {
       source.set_desired_running(false);
       RETURN_IF_ERROR(store_->PutSource(source));

@@ -67,8 +67,15 @@ class SourceManagerImpl final : public SourceManager {
  private:
   // StartLocked and StopLocked: the caller also holds the source's lock in source_ops_
   // (or ops_mu_ exclusively).
-  absl::Status StartLocked(const handoff::v1::Source& source)
+  // A start refused by the source's own configuration (an unreadable API key, a spec
+  // the provider adapter refuses, an identity that changed since the checkpoint) halts
+  // the source as CONFIG_INVALID, on the board and in the store, and sets
+  // *config_invalid when given: the source exists, and its state says why it does not
+  // run (source.proto). The status is returned either way.
+  absl::Status StartLocked(const handoff::v1::Source& source, bool* config_invalid = nullptr)
       ABSL_SHARED_LOCKS_REQUIRED(ops_mu_);
+  // Records `why` as the CONFIG_INVALID halt of `id` and returns it.
+  absl::Status HaltUnstartable(absl::string_view id, absl::Status why, bool* config_invalid);
   // Stops and forgets the worker of `id` (if any). DEADLINE_EXCEEDED if it did not
   // reach a safe point in time.
   absl::Status StopLocked(absl::string_view id) ABSL_SHARED_LOCKS_REQUIRED(ops_mu_);

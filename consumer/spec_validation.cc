@@ -56,6 +56,7 @@ absl::StatusOr<handoff::v1::SourceSpec> NormalizeSpec(const handoff::v1::SourceS
   }
   if (spec.chain().empty()) return Invalid("spec.chain", "required");
   if (spec.source().empty()) return Invalid("spec.source", "required");
+  if (spec.filter().empty()) return Invalid("spec.filter", "required");
   switch (spec.transport()) {
     case handoff::v1::TRANSPORT_POLL:
     case handoff::v1::TRANSPORT_SSE:

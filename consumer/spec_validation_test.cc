@@ -1,5 +1,7 @@
 #include "consumer/spec_validation.h"
 
+#include <string>
+
 #include "gtest/gtest.h"
 
 namespace handoff::consumer {
@@ -39,6 +41,19 @@ TEST(NormalizeSpec, LocalRowsAreTheDefaultSinkAndTakeNoGate) {
   EXPECT_TRUE(n->sink().has_local_rows());
   EXPECT_EQ(n->sink().gate(), handoff::v1::DELIVERY_GATE_IMMEDIATE);
   EXPECT_EQ(n->page_limit(), 1000u);
+}
+
+TEST(NormalizeSpec, ChainSourceAndFilterAreRequiredByName) {
+  for (const char* field : {"chain", "source", "filter"}) {
+    handoff::v1::SourceSpec spec = MinimalSpec();
+    if (std::string(field) == "chain") spec.clear_chain();
+    if (std::string(field) == "source") spec.clear_source();
+    if (std::string(field) == "filter") spec.clear_filter();
+    absl::StatusOr<handoff::v1::SourceSpec> n = NormalizeSpec(spec);
+    EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_NE(n.status().message().find(std::string("spec.") + field), absl::string_view::npos)
+        << n.status();
+  }
 }
 
 TEST(NormalizeSpec, AnUnknownGateIsRefusedByName) {

@@ -397,7 +397,7 @@ class Store {
   // OK while writes succeed; the first write failure otherwise (sticky until reopen).
   absl::Status health() const ABSL_LOCKS_EXCLUDED(health_mu_);
 
-  // Flushes memtables (tests, shutdown).
+  // Flushes memtables (tests, shutdown). FAILED_PRECONDITION after a failed write.
   absl::Status Flush();
 
   // The memtable epoch new rows are written in ("Row epochs"); tests.

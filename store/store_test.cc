@@ -1534,6 +1534,8 @@ class StoreFaultTest : public StoreTest {
     EXPECT_EQ(store_->PutSource(source).code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_EQ(store_->CompareAndSwap("s", Stage::kIngest, "c1", 1, "c2").status().code(),
               absl::StatusCode::kFailedPrecondition);
+    // Nor does a flush (shutdown's) write what the failure left unknown.
+    EXPECT_EQ(store_->Flush().code(), absl::StatusCode::kFailedPrecondition);
     // Reads still work.
     EXPECT_EQ(Checkpoint("s").version(), visible_version);
 

@@ -98,6 +98,7 @@ class Rig {
     spec.set_provider_url("http://provider.invalid");
     spec.set_chain("testnet");
     spec.set_source("logs");
+    spec.set_filter("all");
     spec.set_transport(handoff::v1::TRANSPORT_POLL);
     spec.mutable_start()->set_block(100);
     spec.mutable_sink()->mutable_downstream()->set_target(sink_->target());

@@ -78,6 +78,9 @@ class ManagerTest : public ::testing::Test {
     mo.factories.provider = [this](const handoff::v1::SourceSpec& spec)
         -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
       if (on_provider_) on_provider_(spec.id());
+      if (unstartable_.contains(spec.id())) {
+        return absl::FailedPreconditionError("api_key.env: PROVIDER_KEY is not set");
+      }
       if (streams_.contains(spec.id())) {
         return std::unique_ptr<consumer::Provider>(new InstantStream(&providers_[spec.id()]));
       }
@@ -166,6 +169,8 @@ class ManagerTest : public ::testing::Test {
   std::map<std::string, FakeProvider> providers_;
   // Sources whose provider is a stream that answers "nothing new" at once (InstantStream).
   absl::flat_hash_set<std::string> streams_;
+  // Sources whose provider cannot be made (as with an unset API key variable).
+  absl::flat_hash_set<std::string> unstartable_;
   FakeSink sink_{8};
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<consumer::SourceManager> manager_;
@@ -211,6 +216,55 @@ TEST_F(ManagerTest, AnUnsetGateMeansFinalizedForANewSourceAndTheStoredOneOtherwi
   again.mutable_sink()->set_gate(handoff::v1::DELIVERY_GATE_FINALIZED);
   EXPECT_EQ(manager_->UpdateSource(again).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// A source whose own configuration refuses its start (here: its provider cannot be made,
+// as with an unset API key variable) is created all the same and halts as
+// CONFIG_INVALID with the reason, kept across a restart: one bad source must not fail
+// CreateSource half-done, nor the server's start (sources_config, Recover).
+TEST_F(ManagerTest, ASourceThatCannotStartIsCreatedHaltedAsConfigInvalid) {
+  unstartable_.insert("nokey");
+  absl::StatusOr<handoff::v1::Source> created = Create(Spec("nokey"), true);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(created->progress().state(), handoff::v1::SOURCE_STATE_CONFIG_INVALID);
+  EXPECT_NE(created->progress().reason().find("PROVIDER_KEY is not set"), std::string::npos)
+      << created->progress().reason();
+  EXPECT_EQ(manager_->StartSource("nokey").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  Restart();
+  absl::StatusOr<handoff::v1::Source> after = manager_->GetSource("nokey");
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->progress().state(), handoff::v1::SOURCE_STATE_CONFIG_INVALID);
+  // The key fixed: the source starts.
+  unstartable_.clear();
+  providers_["nokey"].SetPage("100", MakePage(100, 100, {MakeRow(100)}, "c1"));
+  ASSERT_TRUE(manager_->StartSource("nokey").ok());
+  EXPECT_TRUE(WaitFor("nokey", [](const handoff::v1::Progress& p) {
+    return p.checkpoint().resume_cursor() == "c1";
+  }));
+}
+
+// A worker that halts at once (here 401 on its first fetch) persists its halt; the
+// StartSource that started it must not write its own cleared record over it afterwards,
+// nor a StopSource the record it read before the worker stopped.
+TEST_F(ManagerTest, AHaltAtStartIsWhatTheStoreKeeps) {
+  consumer::Refusal unauthorized;
+  unauthorized.kind = consumer::RefusalKind::kAuthFailed;
+  unauthorized.http_status = 401;
+  unauthorized.code = "unauthorized";
+  unauthorized.message = "HTTP 401 unauthorized";
+  providers_["auth"].SetRefusal("100", unauthorized, /*times=*/1000);
+  ASSERT_TRUE(Create(Spec("auth"), false).ok());
+  ASSERT_TRUE(manager_->StartSource("auth").ok());
+  ASSERT_TRUE(WaitFor("auth", [](const handoff::v1::Progress& p) {
+    return p.state() == handoff::v1::SOURCE_STATE_AUTH_FAILED;
+  }));
+  ASSERT_TRUE(manager_->StopSource("auth").ok());
+  absl::StatusOr<handoff::v1::Source> stored = store_->GetSource("auth");
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->progress().state(), handoff::v1::SOURCE_STATE_AUTH_FAILED)
+      << stored->DebugString();
+  EXPECT_FALSE(stored->desired_running());
 }
 
 TEST_F(ManagerTest, UpdateSourceAppliesSafeChangesAndRefusesOthersNamingThem) {

@@ -28,6 +28,8 @@
 #include "absl/time/time.h"
 #include "consumer/provider/http_provider.h"
 #include "consumer/source_manager.h"
+#include "consumer/source_manager_impl.h"
+#include "consumer/source_worker.h"
 #include "gtest/gtest.h"
 #include "handoff/v1/consumer_admin.pb.h"
 #include "rocksdb/env.h"
@@ -251,6 +253,17 @@ TEST_P(StorageFaultTest, WorkersHaltNothingAdvancesAndEverySourceResumesAfterRes
     query.set_source_id(id);
     absl::StatusOr<handoff::v1::QueryEventsResponse> rows = manager_->QueryEvents(query);
     EXPECT_FALSE(rows.ok()) << id << " answered from a failed store";
+  }
+  // Nor does a source start on a failed store (its worker would publish, and a gated
+  // one deliver, pages whose sync failed): the halted worker and its report stay.
+  auto* impl = static_cast<consumer::SourceManagerImpl*>(manager_.get());
+  for (const char* id : kSources) {
+    const consumer::SourceWorker* halted = impl->WorkerForTest(id);
+    absl::StatusOr<handoff::v1::Source> started = manager_->StartSource(id);
+    EXPECT_EQ(started.status().code(), absl::StatusCode::kFailedPrecondition)
+        << id << ": " << started.status();
+    EXPECT_EQ(impl->WorkerForTest(id), halted) << id << ": a worker started on a failed store";
+    EXPECT_EQ(Progress(id).state(), handoff::v1::SOURCE_STATE_STORAGE_FAILED) << id;
   }
 
   // The process stops with the fault still in place; the disk may lose what was not

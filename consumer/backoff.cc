@@ -10,6 +10,7 @@ Backoff::Backoff(BackoffPolicy policy, uint64_t /*seed*/) : policy_(policy) {
   if (policy_.max < policy_.initial) policy_.max = policy_.initial;
   if (policy_.multiplier < 1.0) policy_.multiplier = 1.0;
   policy_.jitter_floor = std::clamp(policy_.jitter_floor, 0.0, 1.0);
+  if (policy_.max_requested < policy_.max) policy_.max_requested = policy_.max;
 }
 
 absl::Duration Backoff::Ceiling(int failures) const {
@@ -29,7 +30,7 @@ absl::Duration Backoff::Next(std::optional<absl::Duration> requested) {
     jittered_ms = absl::Uniform<double>(*bitgen_, floor_ms, ceiling_ms);
   }
   absl::Duration d = std::max(absl::Milliseconds(jittered_ms), policy_.initial / 2);
-  if (requested.has_value()) d = std::max(d, *requested);
+  if (requested.has_value()) d = std::max(d, std::min(*requested, policy_.max_requested));
   return d;
 }
 

@@ -2,8 +2,9 @@
 //
 // Used for every wait the project makes: provider refusals without a retry_after,
 // non-advancing cursors, sink RETRY_LATER without a delay, storage-free retries.
-// A delay the other side asked for (retry_after, Retry-After, a sink's delay) is honoured
-// as a floor: the wait is max(requested, jittered backoff).
+// A delay the other side asked for (retry_after, Retry-After, SSE retry, a sink's delay)
+// is honoured as a floor, up to a bound: the wait is
+// max(min(requested, max_requested), jittered backoff).
 //
 // Thread-compatible.
 #ifndef HANDOFF_CONSUMER_BACKOFF_H_
@@ -16,6 +17,13 @@
 #include "absl/time/time.h"
 
 namespace handoff::consumer {
+
+// The longest wait a requested delay imposes unless the policy's own max is longer
+// (BackoffPolicy::max_requested). The other side may ask for anything: a provider's
+// `retry_after: 999999999` or a sink's retry_after_ms of 2^32-1 (~50 days) would park
+// ingest or an event that long while the source looks healthy. Asking again sooner than
+// asked costs one more refused request.
+inline constexpr absl::Duration kMaxRequestedDelay = absl::Hours(1);
 
 struct BackoffPolicy {
   absl::Duration initial = absl::Milliseconds(200);
@@ -34,6 +42,10 @@ struct BackoffPolicy {
   // A wait grows by less than `coalesce`, so by at most a quarter; shorter waits are
   // left as they are. Zero: off.
   absl::Duration coalesce = absl::ZeroDuration();
+  // A requested delay longer than this is cut to it (kMaxRequestedDelay). Never below
+  // `max` (raised to it): a request is honoured at least as far as the policy's own
+  // waits reach. Set it to `max` to bound requests by the policy itself.
+  absl::Duration max_requested = kMaxRequestedDelay;
 };
 
 // now + wait, rounded up to a multiple of `grid` since the Unix epoch when
@@ -46,8 +58,8 @@ class Backoff {
 
   // The delay before the next attempt: uniform in [jitter_floor * c, c] with
   // c = min(max, initial * mult^n) and
-  // n the number of consecutive failures so far, but never below `requested` nor below
-  // initial / 2 (so a tight loop is impossible).
+  // n the number of consecutive failures so far, but never below `requested` (cut to
+  // max_requested) nor below initial / 2 (so a tight loop is impossible).
   absl::Duration Next(std::optional<absl::Duration> requested = std::nullopt);
 
   // now + Next(requested), coalesced (BackoffPolicy::coalesce).

@@ -51,6 +51,37 @@ TEST(BackoffTest, ARequestedDelayIsAFloor) {
   EXPECT_GE(b.Next(absl::Seconds(30)), absl::Seconds(30));
 }
 
+// A provider's retry_after or Retry-After, or a sink's retry_after_ms, may ask for any
+// delay (2^32-1 ms is ~50 days); honoured whole, it would park a source's ingest or an
+// event that long while the source reports nothing wrong. Asking again earlier costs
+// at most one more refusal, so a request is honoured up to an hour.
+TEST(BackoffTest, ARequestedDelayIsHonouredUpToAnHour) {
+  Backoff b(Policy(0));
+  EXPECT_EQ(kMaxRequestedDelay, absl::Hours(1));
+  EXPECT_EQ(b.Next(absl::Milliseconds(4294967295)), absl::Hours(1));
+  EXPECT_EQ(b.Next(absl::Seconds(999999999)), absl::Hours(1));
+  EXPECT_EQ(b.Next(absl::InfiniteDuration()), absl::Hours(1));
+  EXPECT_EQ(b.Next(absl::Hours(1)), absl::Hours(1));
+  const absl::Duration d = b.Next(absl::Minutes(59));
+  EXPECT_GE(d, absl::Minutes(59));
+  EXPECT_LE(d, absl::Hours(1));
+}
+
+TEST(BackoffTest, TheBoundOfRequestsIsNeverBelowThePolicysMax) {
+  BackoffPolicy p = Policy(1.0);
+  p.max = absl::Hours(2);
+  Backoff b(p);
+  EXPECT_EQ(b.Next(absl::Hours(24)), absl::Hours(2));
+}
+
+TEST(BackoffTest, ARequestBoundedByThePolicysMax) {
+  BackoffPolicy p = Policy(0);  // max 10 s
+  p.max_requested = p.max;
+  Backoff b(p);
+  EXPECT_EQ(b.Next(absl::Milliseconds(4294967295)), absl::Seconds(10));
+  EXPECT_EQ(b.Next(absl::Seconds(7)), absl::Seconds(7));  // under the bound: a floor
+}
+
 TEST(BackoffTest, ResetStartsFromTheInitialDelayAgain) {
   Backoff b(Policy(1.0));  // no jitter: the delay is the ceiling
   for (int i = 0; i < 5; ++i) b.Next();

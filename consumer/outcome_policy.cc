@@ -41,6 +41,8 @@ BackoffPolicy BackoffOf(const handoff::v1::FailurePolicy& in) {
   BackoffPolicy b;
   b.initial = absl::Milliseconds(p.initial_backoff_ms());
   b.max = absl::Milliseconds(p.max_backoff_ms());
+  // A sink's RETRY_LATER delay is honoured up to the source's own maximum backoff.
+  b.max_requested = b.max;
   return b;
 }
 

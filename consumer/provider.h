@@ -24,7 +24,8 @@ namespace handoff::consumer {
 // How the consumer must react to a failed fetch (provider-contract.md, "Refusals").
 enum class RefusalKind {
   // 503 chain_unavailable (retry_after) or 429 rate_limited (Retry-After): wait the
-  // given delay, then retry from the committed cursor.
+  // given delay (up to an hour, BackoffPolicy::max_requested), then retry from the
+  // committed cursor.
   kRetryAfter,
   // Other 5xx, timeouts, resets, truncated bodies or frames, SSE silence: capped
   // exponential backoff with jitter, then retry from the committed cursor.

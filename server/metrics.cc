@@ -49,6 +49,24 @@ void AddSample(MetricFamily* family, std::vector<ClientMetric::Label> labels, do
 
 }  // namespace
 
+absl::string_view RefusalCodeLabel(absl::string_view code) {
+  static constexpr absl::string_view kLabels[] = {
+      // The provider contract's refusal table.
+      "chain_unavailable", "rate_limited", "resync_required", "cursor_mismatch",
+      "invalid_request", "unauthorized", "forbidden", "payment_required",
+      "insufficient_credit",
+      // Handoff's own (consumer/provider/http_provider.cc; the worker's "network" for a
+      // refusal without a code). One missing here only counts as "other".
+      "network", "timeout", "closed", "internal", "cancelled", "empty_cursor", "bad_url",
+      "page_too_large", "malformed_page", "not_event_stream", "sse_silence",
+      "stream_closed"};
+  if (code.empty()) return code;
+  for (absl::string_view label : kLabels) {
+    if (code == label) return label;
+  }
+  return "other";
+}
+
 MetricsObserver::MetricsObserver(prometheus::Registry* registry)
     : pages_committed_(prometheus::BuildCounter()
                            .Name("handoff_pages_committed_total")
@@ -90,7 +108,7 @@ void MetricsObserver::OnPageCommitted(absl::string_view source_id) {
 }
 
 void MetricsObserver::OnRefusal(absl::string_view source_id, absl::string_view code) {
-  refusals_.Add({{"source", Str(source_id)}, {"code", Str(code)}}).Increment();
+  refusals_.Add({{"source", Str(source_id)}, {"code", Str(RefusalCodeLabel(code))}}).Increment();
 }
 
 void MetricsObserver::OnRetry(absl::string_view source_id) {

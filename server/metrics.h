@@ -2,8 +2,9 @@
 //
 // Two sources of figures:
 //  * MetricsObserver counts what the engine reports as it happens (EngineObserver
-//    hooks): pages committed, commit latency, provider refusals by code, retries,
-//    corrections and their depth. These are process-lifetime counters.
+//    hooks): pages committed, commit latency, provider refusals by code (a bounded set:
+//    RefusalCodeLabel), retries, corrections and their depth. These are process-lifetime
+//    counters.
 //  * ProgressCollector is read on every scrape from SourceManager::AllProgress(): the
 //    durable per-source counters (events applied, replayed, ignored, quarantined,
 //    delivered), open holds, the applied position, safe/finalized marks, tip, lag and the
@@ -22,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "consumer/observer.h"
 #include "consumer/page_budget.h"
 #include "consumer/source_manager.h"
@@ -34,6 +36,14 @@
 #include "store/store.h"
 
 namespace handoff::server {
+
+// The `code` label of handoff_provider_refusals_total for a refusal's code: a code of the
+// provider contract's refusal table (provider-contract.md, "Refusals") or one Handoff's
+// provider adapter and worker assign themselves (network, timeout, ...) as it is, an
+// empty code as it is, anything else "other". The code is whatever string the provider
+// put in `error` (up to 64 KiB): a provider answering a new one each time would otherwise
+// add a time series each time.
+absl::string_view RefusalCodeLabel(absl::string_view code);
 
 class MetricsObserver final : public consumer::EngineObserver {
  public:

@@ -3,6 +3,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -39,6 +40,43 @@ TEST(MetricsObserverTest, CountsEngineEvents) {
   EXPECT_NE(text.find("handoff_retries_total{source=\"a\"} 1"), std::string::npos);
   EXPECT_NE(text.find("handoff_corrections_total{source=\"a\"} 1"), std::string::npos);
   EXPECT_NE(text.find("handoff_correction_depth_blocks_sum{source=\"a\"} 5"), std::string::npos);
+}
+
+// The code label is the provider's `error` string, which a provider may vary at will (up
+// to 64 KiB): only the contract's codes and Handoff's own keep their value, anything else
+// is "other", so the number of series stays bounded.
+TEST(MetricsObserverTest, RefusalCodesOutsideTheContractAreOther) {
+  prometheus::Registry registry;
+  MetricsObserver observer(&registry);
+  const std::vector<std::string> kept = {
+      "chain_unavailable", "rate_limited",     "resync_required",
+      "cursor_mismatch",   "invalid_request",  "unauthorized",
+      "forbidden",         "payment_required", "insufficient_credit",
+      "network",           "timeout",          "page_too_large"};
+  for (const std::string& code : kept) observer.OnRefusal("a", code);
+  for (int i = 0; i < 100; ++i) observer.OnRefusal("a", absl::StrCat("made_up_", i));
+  observer.OnRefusal("a", std::string(64 << 10, 'x'));
+  observer.OnRefusal("a", "Rate_Limited");  // codes are exact
+  const std::string text = Scrape(registry);
+  for (const std::string& code : kept) {
+    EXPECT_NE(text.find(absl::StrCat("handoff_provider_refusals_total{code=\"", code,
+                                     "\",source=\"a\"} 1\n")),
+              std::string::npos)
+        << code;
+  }
+  EXPECT_NE(text.find("handoff_provider_refusals_total{code=\"other\",source=\"a\"} 102\n"),
+            std::string::npos)
+      << text.substr(0, 1024);
+  EXPECT_EQ(text.find("made_up_"), std::string::npos);
+  EXPECT_EQ(text.find("xxxx"), std::string::npos);
+  size_t series = 0;
+  for (size_t at = text.find("handoff_provider_refusals_total{"); at != std::string::npos;
+       at = text.find("handoff_provider_refusals_total{", at + 1)) {
+    ++series;
+  }
+  EXPECT_EQ(series, kept.size() + 1);
+  EXPECT_EQ(RefusalCodeLabel(""), "");
+  EXPECT_EQ(RefusalCodeLabel("cursor_mismatch"), "cursor_mismatch");
 }
 
 TEST(ProgressCollectorTest, ExportsDurableFiguresPerSource) {

@@ -300,18 +300,26 @@ GrpcEventSink::BatchResult GrpcEventSink::BatchAnswers(const grpc::Status& s,
     answers->assign(n, TransportError(Describe("ApplyBatch", s)));
     return BatchResult::kFailed;
   }
+  const size_t results = static_cast<size_t>(response.results_size());
+  if (results > n) {
+    // Results carry no key: a reply longer than the request may be shifted against the
+    // events (another batch's, a duplicate), so none of its outcomes can be taken as an
+    // event's. All are retried as a transport failure, which uses no attempt.
+    answers->assign(n, TransportError(absl::StrCat("ApplyBatch answered ", results,
+                                                   " results for ", n, " events")));
+    return BatchResult::kFailed;
+  }
   answers->clear();
   answers->reserve(n);
   for (size_t j = 0; j < n; ++j) {
-    if (j < static_cast<size_t>(response.results_size())) {
+    if (j < results) {
       answers->push_back(ToAnswer(response.results(j)));
     } else {
-      answers->push_back(TransportError(absl::StrCat("missing from the ApplyBatch response (",
-                                                     response.results_size(), " of ", n, ")")));
+      answers->push_back(TransportError(
+          absl::StrCat("missing from the ApplyBatch response (", results, " of ", n, ")")));
     }
   }
-  return static_cast<size_t>(response.results_size()) < n ? BatchResult::kShort
-                                                          : BatchResult::kAnswered;
+  return results < n ? BatchResult::kShort : BatchResult::kAnswered;
 }
 
 absl::StatusOr<std::unique_ptr<ExternalSink>> MakeExternalSink(

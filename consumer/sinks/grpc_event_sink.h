@@ -10,9 +10,11 @@
 //     other gRPC error, including UNIMPLEMENTED for Apply);
 //   * an event missing from a short ApplyBatch response (event_sink.proto counts these as
 //     RETRY_LATER; Handoff treats them as transport errors so they never use up attempts);
+//   * every event of an ApplyBatch response with more results than events: results carry
+//     no key, so such a reply may not line up with the events and none is a receipt;
 //   * an unknown or UNSPECIFIED outcome;
-//   * the events after a failed RPC or a short response: they are not sent (the call stops
-//     there, so later events never overtake an earlier one that failed).
+//   * the events after a failed RPC or a short or long response: they are not sent (the
+//     call stops there, so later events never overtake an earlier one that failed).
 // ApplyBatch answered UNIMPLEMENTED switches this sink to Apply for good (the same events
 // are re-sent one by one; max_batch() becomes 1).
 // Send() of at most max_batch events is one ApplyBatch made with gRPC's callback API: the
@@ -141,7 +143,8 @@ class GrpcEventSink final : public ExternalSink {
   enum class BatchResult {
     kAnswered,       // one outcome per event
     kShort,          // a prefix answered; the rest are kTransportError
-    kFailed,         // the RPC failed; all are kTransportError
+    kFailed,         // the RPC failed, or answered more results than events (they may
+                     // not line up); all are kTransportError
     kUnimplemented,  // the sink has no ApplyBatch; `answers` untouched
   };
   // One ApplyBatch RPC of `call->request` (its answer in `call->response`); fills one

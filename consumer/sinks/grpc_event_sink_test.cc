@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <future>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -10,7 +11,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "handoff/v1/event_sink.grpc.pb.h"
 #include "sim/sample_sink/sample_sink.h"
 
 namespace handoff::consumer {
@@ -275,6 +278,62 @@ TEST(GrpcEventSinkTest, ResultsMissingFromAShortBatchAreTransportErrors) {
   EXPECT_TRUE(absl::StrContains(answers[2].message, "missing")) << answers[2].message;
   EXPECT_EQ(sink->stats().batch_calls(), 1u);  // the next chunk was not sent
   EXPECT_EQ(sink->stats().records(), 2u);
+}
+
+// An EventSink whose ApplyBatch answers APPLIED to every event and `extra` more: a reply
+// longer than the request. On port 0 of the loopback; serves until destroyed.
+class LongReplySink final : public handoff::v1::EventSink::Service {
+ public:
+  explicit LongReplySink(int extra) : extra_(extra) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~LongReplySink() override { server_->Shutdown(); }
+
+  std::string target() const { return absl::StrCat("127.0.0.1:", port_); }
+  int batch_calls() const { return batch_calls_.load(); }
+
+  grpc::Status ApplyBatch(grpc::ServerContext*, const handoff::v1::ApplyBatchRequest* request,
+                          handoff::v1::ApplyBatchResponse* response) override {
+    batch_calls_.fetch_add(1);
+    for (int i = 0; i < request->events_size() + extra_; ++i) {
+      response->add_results()->set_outcome(handoff::v1::APPLY_OUTCOME_APPLIED);
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  const int extra_;
+  int port_ = 0;
+  std::atomic<int> batch_calls_{0};  // written on gRPC's threads
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// Answers carry no key: a reply longer than the request shows they may not line up with
+// the events, so none of them is taken as a receipt (each is a transport error, which
+// uses no attempt) and, as after a short reply, the later events are not sent.
+TEST(GrpcEventSinkTest, ALongBatchReplyAnswersNothing) {
+  LongReplySink sink(/*extra=*/1);
+  GrpcEventSinkOptions options;
+  options.target = sink.target();
+  options.batch = true;
+  options.max_batch = 3;
+  options.deadline = absl::Seconds(30);
+  auto client = GrpcEventSink::Create(std::move(options));
+  ASSERT_TRUE(client.ok()) << client.status();
+  Events events(5);
+  auto answers = (*client)->Deliver(kSource, events.all());
+  EXPECT_EQ(Kinds(answers), std::vector<Kind>(5, Kind::kTransportError));
+  EXPECT_TRUE(absl::StrContains(answers[0].message, "4 results for 3 events"))
+      << answers[0].message;
+  EXPECT_EQ(sink.batch_calls(), 1);  // the next chunk was not sent
+  // Send's one batch likewise.
+  Events two(2, /*first_block=*/300);
+  EXPECT_EQ(Kinds((*client)->Send(kSource, two.all()).get()),
+            std::vector<Kind>(2, Kind::kTransportError));
+  EXPECT_EQ(sink.batch_calls(), 2);
 }
 
 TEST(GrpcEventSinkTest, UnimplementedBatchFallsBackToApplyForGood) {

@@ -130,6 +130,9 @@ struct UnsyncedBarrier {
   // The fault point that follows the step's commit ("ingest.after_event_commit"), or
   // empty; hit once it is durable, before "ingest.after_barrier".
   std::string after_point;
+  // The attempt's progress as of its barrier, published with the checkpoint once synced
+  // (SourceWorker::SettleUnsynced): the page is not reported fully done before then.
+  handoff::v1::PageAttemptInfo attempt_info;
 };
 
 class PageAttempt {

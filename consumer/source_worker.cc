@@ -353,11 +353,14 @@ bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
   while (true) {
     PageAttempt::Result r = attempt->Run();
     if (stage == store::Stage::kIngest) {
-      PublishAttempt(attempt);
       if (r.unsynced.has_value()) {
-        unsynced_.push_back(*std::move(r.unsynced));  // published by SettleUnsynced
+        // The page, its checkpoint and its attempt's progress are published by
+        // SettleUnsynced once synced.
+        r.unsynced->attempt_info = attempt->Info();
+        unsynced_.push_back(*std::move(r.unsynced));
         return true;
       }
+      PublishAttempt(attempt);
       // Nothing of this attempt waits for a sync: the previous page is published before
       // the worker waits, halts or leaves (a crash abandons it as it is).
       if (r.kind != Kind::kCrashed && !SettleOrHalt()) return false;
@@ -423,6 +426,9 @@ absl::Status SourceWorker::SettleUnsynced(size_t keep) {
     if (!u.after_point.empty() && FaultPoints::Hit(u.after_point)) return crash();
     if (parts_.observer != nullptr) parts_.observer->OnPageCommitted(spec_.id());
     if (FaultPoints::Hit("ingest.after_barrier")) return crash();
+    parts_.board->Update(spec_.id(), [&](handoff::v1::Progress* p) {
+      *p->mutable_attempt() = u.attempt_info;
+    });
     PublishCheckpoint(store::Stage::kIngest, u.checkpoint);
     if (gated_) Poke();
   }

@@ -544,6 +544,11 @@ TEST(Effects, AGatedDeliveryWaitsForItsPageToBePublished) {
   EXPECT_EQ(records.count(KeyOf("pub", 101, 1, "a")), 1u) << "the published page was delivered";
   EXPECT_EQ(records.count(KeyOf("pub", 102, 0, "a")), 0u)
       << "an event of a page not yet published was delivered";
+  // Nor does the progress show the unpublished page's attempt (as if fully done).
+  absl::StatusOr<handoff::v1::Progress> progress = rig.manager()->GetProgress("pub");
+  ASSERT_TRUE(progress.ok()) << progress.status();
+  EXPECT_NE(progress->attempt().request_cursor(), "c1") << progress->DebugString();
+  EXPECT_NE(progress->checkpoint().resume_cursor(), "c2") << progress->DebugString();
   {
     absl::MutexLock lock(&gate->mu);
     gate->released = true;

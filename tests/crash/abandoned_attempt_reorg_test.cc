@@ -29,6 +29,16 @@ std::string TempDir(const std::string& name) {
   return absl::StrCat(base != nullptr ? base : "/tmp", "/", name);
 }
 
+// Blocks 100-101 committed at cursor "100" (next C1), then the page 102-104 at C1 on
+// fork "a", which the tests' attempts abandon part-way.
+Script BeforeTheReorg() {
+  Script s;
+  s.cursors = {"100", "C1"};
+  s.pages.push_back(MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "C1"));
+  s.pages.push_back(MakePage(102, 104, {MakeRow(102), MakeRow(103), MakeRow(104)}, "C2"));
+  return s;
+}
+
 // Commits blocks 100-101 (cursor C1), then a page 102-104 at C1 (fork "a") of which 102
 // and 103 commit before the process dies (no barrier: the cursor stays C1). Meanwhile
 // the chain reorganised: the provider serves the same cursor's page, not a correction
@@ -41,11 +51,7 @@ void RunScenario(const std::string& dir, bool external_sink,
   o.external_sink = external_sink;
   Harness h(TempDir(dir), o);
   h.Open();
-  Script before;
-  before.cursors = {"100", "C1"};
-  before.pages.push_back(MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "C1"));
-  before.pages.push_back(
-      MakePage(102, 104, {MakeRow(102), MakeRow(103), MakeRow(104)}, "C2"));
+  const Script before = BeforeTheReorg();
   h.Load(before);
   ASSERT_EQ(h.Step().kind, Kind::kPromoted);
   FaultPoints::ArmNth("ingest.before_event_commit", 3);
@@ -125,11 +131,7 @@ TEST(AbandonedAttemptReorg, HoldForTheOldForkIsReplaced) {
   o.on_rejection = handoff::v1::REJECTION_POLICY_HOLD;
   Harness h(TempDir("abandoned-hold"), o);
   h.Open();
-  Script before;
-  before.cursors = {"100", "C1"};
-  before.pages.push_back(MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "C1"));
-  before.pages.push_back(
-      MakePage(102, 104, {MakeRow(102), MakeRow(103), MakeRow(104)}, "C2"));
+  const Script before = BeforeTheReorg();
   h.Load(before);
   const std::string old_103 = absl::StrFormat("0xa%062x", 103);
   h.sink().SetScript([old_103](const std::string& key, int) {

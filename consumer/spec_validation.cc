@@ -43,6 +43,18 @@ absl::StatusOr<handoff::v1::SourceSpec> NormalizeSpec(const handoff::v1::SourceS
       absl::StrContains(url, "?") || absl::StrContains(url, "#")) {
     return Invalid("spec.provider_url", "must be an http:// or https:// base URL without query");
   }
+  // The spec is stored and returned by the admin API and logged by id; a credential in the
+  // URL would be shown with it. The URL itself is never echoed here, for the same reason.
+  absl::string_view authority = url;
+  authority.remove_prefix(authority.find("://") + 3);
+  authority = authority.substr(0, authority.find('/'));
+  if (absl::StrContains(authority, "@")) {
+    return Invalid("spec.provider_url",
+                   "must not carry credentials (user:password@); name the key in spec.api_key");
+  }
+  if (authority.empty() || authority[0] == ':') {
+    return Invalid("spec.provider_url", "must name a host");
+  }
   while (!spec.provider_url().empty() && spec.provider_url().back() == '/') {
     spec.mutable_provider_url()->pop_back();
   }

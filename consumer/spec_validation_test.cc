@@ -66,5 +66,33 @@ TEST(NormalizeSpec, AnUnknownGateIsRefusedByName) {
       << n.status();
 }
 
+TEST(NormalizeSpec, AProviderUrlWithCredentialsIsRefusedWithoutEchoingThem) {
+  for (const char* url : {"https://user:hunter2@provider.example/v1",
+                          "http://hunter2@127.0.0.1:8545", "https://:hunter2@provider.example"}) {
+    handoff::v1::SourceSpec spec = MinimalSpec();
+    spec.set_provider_url(url);
+    absl::StatusOr<handoff::v1::SourceSpec> n = NormalizeSpec(spec);
+    EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument) << url;
+    EXPECT_NE(n.status().message().find("credentials"), absl::string_view::npos) << n.status();
+    EXPECT_EQ(n.status().ToString().find("hunter2"), std::string::npos) << n.status();
+  }
+  // An '@' in the path is not userinfo.
+  handoff::v1::SourceSpec spec = MinimalSpec();
+  spec.set_provider_url("https://provider.example/v1/@team/");
+  absl::StatusOr<handoff::v1::SourceSpec> n = NormalizeSpec(spec);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->provider_url(), "https://provider.example/v1/@team");
+}
+
+TEST(NormalizeSpec, AProviderUrlWithoutAHostIsRefused) {
+  for (const char* url : {"http://", "https:///v1", "http://:8545/v1"}) {
+    handoff::v1::SourceSpec spec = MinimalSpec();
+    spec.set_provider_url(url);
+    absl::StatusOr<handoff::v1::SourceSpec> n = NormalizeSpec(spec);
+    EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument) << url;
+    EXPECT_NE(n.status().message().find("host"), absl::string_view::npos) << n.status();
+  }
+}
+
 }  // namespace
 }  // namespace handoff::consumer

@@ -861,7 +861,9 @@ void HttpProvider::ReaderMain(std::string cursor, uint64_t stream_id) {
   if (!options_.api_key.empty()) req.headers.push_back("Authorization: Bearer " + options_.api_key);
   req.user_agent = options_.user_agent;
   req.connect_timeout = options_.connect_timeout;
-  req.header_timeout = options_.read_timeout;
+  // A stream may open with its first frame, which the provider owes within 30 s: the
+  // silence rule (60 s) bounds the headers too, not the polled read_timeout.
+  req.header_timeout = options_.sse_silence_timeout;
   req.body_idle_timeout = options_.sse_silence_timeout;
   StreamHandler handler(
       options_.max_page_bytes, options_.api_key,

@@ -85,15 +85,16 @@ struct HttpProviderOptions {
   // The resolved API key; empty: no Authorization header.
   std::string api_key;
   absl::Duration connect_timeout = absl::Seconds(10);
-  // Longest wait for a response's headers (from the request, however many header lines
-  // trickle in) and, polling, longest quiet time between body bytes.
+  // Polling: longest wait for a response's headers (from the request, however many header
+  // lines trickle in) and longest quiet time between body bytes.
   absl::Duration read_timeout = absl::Seconds(30);
   // Polling: longest time for one whole response, so that a body trickled a byte at a
   // time (slow loris) cannot hold the worker forever. kTransient "timeout" beyond it.
   absl::Duration response_timeout = absl::Minutes(5);
   size_t max_page_bytes = 64u << 20;
   // An open stream that completes no frame for this long is dropped (kTransient), even
-  // if bytes keep trickling in (a frame that never ends).
+  // if bytes keep trickling in (a frame that never ends); also the longest wait for the
+  // stream's headers, which a provider may send with its first frame.
   absl::Duration sse_silence_timeout = absl::Seconds(60);
   // Pages the SSE reader may hold ahead of Fetch (at least 1).
   size_t sse_buffered_pages = 2;

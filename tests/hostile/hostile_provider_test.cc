@@ -371,7 +371,8 @@ TEST(HostileProviderTest, SlowLorisBody) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 }
 
-// Headers trickled a line at a time: read_timeout counts from the request, so it fires.
+// Headers trickled a line at a time: the header timeout (read_timeout polling, the silence
+// timeout for a stream) counts from the request, so it fires.
 TEST(HostileProviderTest, SlowLorisHeaders) {
   ScriptedServer server([&](ScriptedServer::Conn& c) {
     if (!c.Send("HTTP/1.1 200 OK\r\n")) return;
@@ -381,6 +382,7 @@ TEST(HostileProviderTest, SlowLorisHeaders) {
   for (auto transport : {handoff::v1::TRANSPORT_POLL, handoff::v1::TRANSPORT_SSE}) {
     HttpProviderOptions o = Options(server, transport);
     o.read_timeout = absl::Seconds(2);
+    o.sse_silence_timeout = absl::Seconds(2);
     std::unique_ptr<HttpProvider> p = Make(o);
     const absl::Time start = absl::Now();
     FetchResult r = p->Fetch("1200");
@@ -390,6 +392,28 @@ TEST(HostileProviderTest, SlowLorisHeaders) {
     EXPECT_EQ(r.refusal->code, "timeout");
     EXPECT_LT(absl::Now() - start, absl::Seconds(8));
   }
+}
+
+// An SSE response may open only with its first frame, which the provider writes within 30 s:
+// the stream's headers get the 60 s silence rule, not the polled read_timeout.
+TEST(HostileProviderTest, SseHeadersLaterThanReadTimeoutButWithinSilence) {
+  const std::string page = ReadFile(absl::StrCat(kCorpus, "/page_valid.json"));
+  ScriptedServer server([&](ScriptedServer::Conn& c) {
+    if (!c.Pause(absl::Milliseconds(1500))) return;
+    c.Send(ResponseHead("200 OK", "text/event-stream", -1) +
+           absl::StrCat("id: c1210\ndata: ", page, "\n\n"));
+    c.Pause(absl::Seconds(30));
+  });
+  HttpProviderOptions o = Options(server, handoff::v1::TRANSPORT_SSE);
+  o.read_timeout = absl::Seconds(1);
+  o.sse_silence_timeout = absl::Seconds(10);
+  std::unique_ptr<HttpProvider> p = Make(o);
+  FetchResult r = p->Fetch("1200");
+  SCOPED_TRACE(Describe(r));
+  ASSERT_FALSE(r.refusal.has_value());
+  ASSERT_TRUE(r.page.has_value());
+  EXPECT_EQ(r.page->next, "c1210");
+  EXPECT_EQ(server.connections(), 1);
 }
 
 // Thousands of headers, then one huge header: never a crash, never unbounded memory;

@@ -62,6 +62,13 @@ SinkAnswer ToAnswer(const ApplyResponse& response) {
   return answer;
 }
 
+// What `delivery` adds to an ApplyBatch request, within a few bytes of its encoding.
+size_t RequestBytes(absl::string_view source_id, const Delivery& delivery) {
+  constexpr size_t kFraming = 24;  // tags and lengths of the request and its fields
+  return delivery.row->ByteSizeLong() + delivery.idempotency_key.size() + source_id.size() +
+         kFraming;
+}
+
 void Fill(absl::string_view source_id, const Delivery& delivery, ApplyRequest* request) {
   request->mutable_source_id()->assign(source_id.data(), source_id.size());
   request->set_idempotency_key(delivery.idempotency_key);
@@ -134,11 +141,24 @@ GrpcEventSink::GrpcEventSink(std::shared_ptr<grpc::Channel> channel, GrpcEventSi
       stub_(handoff::v1::EventSink::NewStub(channel_)),
       deadline_(options.deadline),
       max_batch_(std::clamp(options.max_batch, 1, kMaxBatchLimit)),
+      batch_limit_(max_batch_),
       per_event_(!options.batch) {}
 
 GrpcEventSink::~GrpcEventSink() = default;
 
-int GrpcEventSink::max_batch() const { return per_event_.load() ? 1 : max_batch_; }
+int GrpcEventSink::max_batch() const { return per_event_.load() ? 1 : batch_limit_.load(); }
+
+size_t GrpcEventSink::ChunkEnd(absl::string_view source_id, absl::Span<const Delivery> deliveries,
+                               size_t from) const {
+  const size_t limit = static_cast<size_t>(batch_limit_.load());
+  size_t end = from, bytes = 0;
+  while (end < deliveries.size() && end - from < limit) {
+    bytes += RequestBytes(source_id, deliveries[end]);
+    if (end > from && bytes > kMaxRequestBytes) break;  // one event always goes
+    ++end;
+  }
+  return end;
+}
 
 void GrpcEventSink::Cancel() {
   absl::MutexLock lock(&mu_);
@@ -176,7 +196,7 @@ std::vector<SinkAnswer> GrpcEventSink::Deliver(absl::string_view source_id,
   size_t i = 0;
   while (i < deliveries.size()) {
     if (!per_event_.load()) {
-      const size_t end = std::min(deliveries.size(), i + static_cast<size_t>(max_batch_));
+      const size_t end = ChunkEnd(source_id, deliveries, i);
       std::unique_ptr<BatchCall> call = BatchCallPool::Default().Take();
       for (size_t j = i; j < end; ++j) Fill(source_id, deliveries[j], call->AddEvent());
       std::vector<SinkAnswer> chunk;
@@ -213,9 +233,9 @@ std::vector<SinkAnswer> GrpcEventSink::Deliver(absl::string_view source_id,
 std::future<std::vector<SinkAnswer>> GrpcEventSink::Send(absl::string_view source_id,
                                                          absl::Span<const Delivery> deliveries) {
   const bool one_batch = !per_event_.load() && !deliveries.empty() &&
-                         deliveries.size() <= static_cast<size_t>(max_batch_) &&
                          std::all_of(deliveries.begin(), deliveries.end(),
-                                     [](const Delivery& d) { return d.row != nullptr; });
+                                     [](const Delivery& d) { return d.row != nullptr; }) &&
+                         ChunkEnd(source_id, deliveries, 0) == deliveries.size();
   if (!one_batch) return ExternalSink::Send(source_id, deliveries);
   // Lives until the RPC's callback, which frees it.
   struct InFlight {
@@ -296,6 +316,14 @@ GrpcEventSink::BatchResult GrpcEventSink::BatchAnswers(const grpc::Status& s,
   const handoff::v1::ApplyBatchResponse& response = call.response;
   const size_t n = call.request.events_size();
   if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) return BatchResult::kUnimplemented;
+  if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && n > 1) {
+    // Most often the request was larger than the sink takes (its max receive size): the
+    // same batch would fail forever, so the retries go in halves, and stay there.
+    int limit = batch_limit_.load();
+    const int half = static_cast<int>(n / 2);
+    while (half < limit && !batch_limit_.compare_exchange_weak(limit, half)) {
+    }
+  }
   if (!s.ok()) {
     answers->assign(n, TransportError(Describe("ApplyBatch", s)));
     return BatchResult::kFailed;

@@ -17,6 +17,13 @@
 //     call stops there, so later events never overtake an earlier one that failed).
 // ApplyBatch answered UNIMPLEMENTED switches this sink to Apply for good (the same events
 // are re-sent one by one; max_batch() becomes 1).
+// Batch size: a chunk has at most max_batch() events and, unless it is a single event, at
+// most kMaxRequestBytes encoded (gRPC servers take 4 MiB by default). An ApplyBatch of n > 1
+// events answered RESOURCE_EXHAUSTED (a sink taking smaller requests, or out of quota)
+// lowers max_batch() to n/2 for the rest of this sink's life: its events come back as
+// transport errors, and their retry goes in smaller calls instead of failing the same way
+// forever. A single event the sink refuses as too large is retried until an operator acts
+// (the source shows BACKING_OFF with the sink's message).
 // Send() of at most max_batch events is one ApplyBatch made with gRPC's callback API: the
 // request is filled on the caller's thread and sent from there, and the answer is read
 // by gRPC's own threads; no thread is started or woken to send (the delivery stage's
@@ -137,7 +144,13 @@ class GrpcEventSink final : public ExternalSink {
   int max_batch() const override;
   void Cancel() override;
 
+  static constexpr size_t kMaxRequestBytes = (4u << 20) - (64u << 10);
+
  private:
+  // The end of the chunk that starts at `from`: at most max_batch() events and, beyond
+  // the first, at most kMaxRequestBytes.
+  size_t ChunkEnd(absl::string_view source_id, absl::Span<const Delivery> deliveries,
+                  size_t from) const;
   // One Apply RPC. Returns false on a transport failure (`answer` says why).
   bool CallApply(const handoff::v1::ApplyRequest& request, SinkAnswer* answer);
   enum class BatchResult {
@@ -150,9 +163,10 @@ class GrpcEventSink final : public ExternalSink {
   // One ApplyBatch RPC of `call->request` (its answer in `call->response`); fills one
   // answer per event of the request (except kUnimplemented).
   BatchResult CallApplyBatch(BatchCall* call, std::vector<SinkAnswer>* answers);
-  // The answers of a finished ApplyBatch RPC of `call`, as CallApplyBatch returns them.
-  static BatchResult BatchAnswers(const grpc::Status& status, const BatchCall& call,
-                                  std::vector<SinkAnswer>* answers);
+  // The answers of a finished ApplyBatch RPC of `call`, as CallApplyBatch returns them
+  // (RESOURCE_EXHAUSTED lowers batch_limit_).
+  BatchResult BatchAnswers(const grpc::Status& status, const BatchCall& call,
+                           std::vector<SinkAnswer>* answers);
 
   // Registers `ctx` for Cancel(), or returns false if already cancelled.
   bool Register(grpc::ClientContext* ctx);
@@ -164,6 +178,8 @@ class GrpcEventSink final : public ExternalSink {
   const absl::Duration deadline_;
   const int max_batch_;
 
+  // max_batch_ until an ApplyBatch is answered RESOURCE_EXHAUSTED; only ever lowered.
+  std::atomic<int> batch_limit_;
   // Set once ApplyBatch answered UNIMPLEMENTED (or batching is off).
   std::atomic<bool> per_event_;
 

@@ -280,24 +280,29 @@ TEST(GrpcEventSinkTest, ResultsMissingFromAShortBatchAreTransportErrors) {
   EXPECT_EQ(sink->stats().records(), 2u);
 }
 
-// An EventSink whose ApplyBatch answers APPLIED to every event and `extra` more: a reply
-// longer than the request. On port 0 of the loopback; serves until destroyed.
+// An EventSink whose ApplyBatch answers APPLIED to every event and `extra` more (a reply
+// longer than the request when extra > 0), and whose server takes requests of at most
+// `max_receive_bytes` (gRPC answers RESOURCE_EXHAUSTED to larger ones; -1: gRPC's default,
+// 4 MiB). On port 0 of the loopback; serves until destroyed.
 class LongReplySink final : public handoff::v1::EventSink::Service {
  public:
-  explicit LongReplySink(int extra) : extra_(extra) {
+  explicit LongReplySink(int extra, int max_receive_bytes = -1) : extra_(extra) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     builder.RegisterService(this);
+    if (max_receive_bytes > 0) builder.SetMaxReceiveMessageSize(max_receive_bytes);
     server_ = builder.BuildAndStart();
   }
   ~LongReplySink() override { server_->Shutdown(); }
 
   std::string target() const { return absl::StrCat("127.0.0.1:", port_); }
   int batch_calls() const { return batch_calls_.load(); }
+  int events() const { return events_.load(); }
 
   grpc::Status ApplyBatch(grpc::ServerContext*, const handoff::v1::ApplyBatchRequest* request,
                           handoff::v1::ApplyBatchResponse* response) override {
     batch_calls_.fetch_add(1);
+    events_.fetch_add(request->events_size());
     for (int i = 0; i < request->events_size() + extra_; ++i) {
       response->add_results()->set_outcome(handoff::v1::APPLY_OUTCOME_APPLIED);
     }
@@ -308,8 +313,80 @@ class LongReplySink final : public handoff::v1::EventSink::Service {
   const int extra_;
   int port_ = 0;
   std::atomic<int> batch_calls_{0};  // written on gRPC's threads
+  std::atomic<int> events_{0};
   std::unique_ptr<grpc::Server> server_;
 };
+
+// `n` events whose data is `data_bytes` long.
+std::vector<handoff::v1::EventRow> LargeRows(int n, size_t data_bytes) {
+  std::vector<handoff::v1::EventRow> rows(n);
+  for (int i = 0; i < n; ++i) {
+    rows[i].set_block_number(700 + i);
+    rows[i].set_log_index(0);
+    rows[i].set_block_hash(absl::StrCat("0x", std::string(64, 'b')));
+    rows[i].set_data(absl::StrCat("0x", std::string(data_bytes, 'e')));
+  }
+  return rows;
+}
+
+std::vector<Delivery> DeliveriesOf(const std::vector<handoff::v1::EventRow>& rows) {
+  std::vector<Delivery> out;
+  for (const auto& row : rows) {
+    out.push_back(Delivery{IdempotencyKey(kSource, row), &row, handoff::v1::FINALITY_FINALIZED});
+  }
+  return out;
+}
+
+std::unique_ptr<GrpcEventSink> BatchClient(const std::string& target, int max_batch) {
+  GrpcEventSinkOptions options;
+  options.target = target;
+  options.batch = true;
+  options.max_batch = max_batch;
+  options.deadline = absl::Seconds(30);
+  auto client = GrpcEventSink::Create(std::move(options));
+  EXPECT_TRUE(client.ok()) << client.status();
+  return client.ok() ? *std::move(client) : nullptr;
+}
+
+// max_batch counts events, not bytes: 100 events of 100 KB (10 MB) would exceed gRPC's
+// default 4 MiB request limit on every try. Chunks stop short of it.
+TEST(GrpcEventSinkTest, BatchesStayUnderTheDefaultRequestSize) {
+  LongReplySink sink(/*extra=*/0);
+  auto client = BatchClient(sink.target(), /*max_batch=*/100);
+  const std::vector<handoff::v1::EventRow> rows = LargeRows(100, 100 << 10);
+  const std::vector<Delivery> deliveries = DeliveriesOf(rows);
+  EXPECT_EQ(Kinds(client->Deliver(kSource, deliveries)), std::vector<Kind>(100, Kind::kApplied));
+  EXPECT_EQ(sink.events(), 100);
+  EXPECT_GE(sink.batch_calls(), 3);
+  // Send's one batch too: answered in full, in as many calls as it takes.
+  const std::vector<handoff::v1::EventRow> more = LargeRows(60, 100 << 10);
+  EXPECT_EQ(Kinds(client->Send(kSource, DeliveriesOf(more)).get()),
+            std::vector<Kind>(60, Kind::kApplied));
+  EXPECT_EQ(sink.events(), 160);
+}
+
+// A sink that takes smaller requests than 4 MiB answers RESOURCE_EXHAUSTED: the events are
+// retried (transport errors, no attempt used) in batches half as large each time, and
+// the smaller size is kept, instead of the same batch failing forever.
+TEST(GrpcEventSinkTest, ARequestTooLargeForTheSinkHalvesTheBatch) {
+  LongReplySink sink(/*extra=*/0, /*max_receive_bytes=*/64 << 10);
+  auto client = BatchClient(sink.target(), /*max_batch=*/1000);
+  const std::vector<handoff::v1::EventRow> rows = LargeRows(1000, 1000);
+  const std::vector<Delivery> deliveries = DeliveriesOf(rows);
+  std::vector<SinkAnswer> answers = client->Deliver(kSource, deliveries);
+  EXPECT_EQ(Kinds(answers), std::vector<Kind>(1000, Kind::kTransportError));
+  EXPECT_TRUE(absl::StrContains(answers[0].message, "RESOURCE_EXHAUSTED")) << answers[0].message;
+  EXPECT_EQ(client->max_batch(), 500);
+  int tries = 1;
+  while (Kinds(answers) != std::vector<Kind>(1000, Kind::kApplied) && tries < 10) {
+    answers = client->Deliver(kSource, deliveries);
+    ++tries;
+  }
+  EXPECT_EQ(Kinds(answers), std::vector<Kind>(1000, Kind::kApplied));
+  EXPECT_EQ(tries, 6);  // 1000, 500, 250, 125, 62 refused; 31 (~33 KB) taken
+  EXPECT_EQ(client->max_batch(), 31);
+  EXPECT_EQ(sink.events(), 1000);
+}
 
 // Answers carry no key: a reply longer than the request shows they may not line up with
 // the events, so none of them is taken as a receipt (each is a transport error, which

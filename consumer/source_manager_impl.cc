@@ -46,16 +46,30 @@ store::Stage StageOf(handoff::v1::Stage stage) {
   return stage == handoff::v1::STAGE_DELIVERY ? store::Stage::kDelivery : store::Stage::kIngest;
 }
 
-absl::StatusOr<std::string> DecodeToken(absl::string_view token) {
-  if (token.empty()) return std::string();
-  std::string out;
-  if (!absl::WebSafeBase64Unescape(token, &out)) {
-    return absl::InvalidArgumentError("page_token: not a token returned by this API");
-  }
-  return out;
+// A page token is "<call>:<scope>\n<where the next page starts>", base64. Each call takes
+// back only its own tokens for the same scope (source, range): another call's or
+// source's would page silently through the wrong list (an empty page, or rows out of
+// the asked range).
+std::string EncodeToken(absl::string_view call, absl::string_view scope, absl::string_view next) {
+  return absl::WebSafeBase64Escape(absl::StrCat(call, ":", scope, "\n", next));
 }
 
-std::string EncodeToken(absl::string_view raw) { return absl::WebSafeBase64Escape(raw); }
+// Where the next page starts ("" without a token).
+absl::StatusOr<std::string> DecodeToken(absl::string_view token, absl::string_view call,
+                                        absl::string_view scope) {
+  if (token.empty()) return std::string();
+  std::string raw;
+  if (!absl::WebSafeBase64Unescape(token, &raw)) {
+    return absl::InvalidArgumentError("page_token: not a token returned by this API");
+  }
+  const std::string header = absl::StrCat(call, ":", scope, "\n");
+  if (!absl::StartsWith(raw, header)) {
+    return absl::InvalidArgumentError(
+        "page_token: returned for another call, source or range; repeat the request that "
+        "returned it, or start without one");
+  }
+  return raw.substr(header.size());
+}
 
 absl::Status RequireStage(handoff::v1::Stage stage) {
   if (stage != handoff::v1::STAGE_INGEST && stage != handoff::v1::STAGE_DELIVERY) {
@@ -489,14 +503,14 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::GetSource(absl::string_vi
 absl::StatusOr<handoff::v1::ListSourcesResponse> SourceManagerImpl::ListSources(
     const handoff::v1::ListSourcesRequest& request) {
   ASSIGN_OR_RETURN(int size, PageSize(request.page_size(), 100, 1000, "page_size"));
-  ASSIGN_OR_RETURN(std::string after, DecodeToken(request.page_token()));
+  ASSIGN_OR_RETURN(std::string after, DecodeToken(request.page_token(), "ListSources", ""));
   ASSIGN_OR_RETURN(std::vector<handoff::v1::Source> sources, store_->ListSources(after, size + 1));
   handoff::v1::ListSourcesResponse response;
   for (int i = 0; i < static_cast<int>(sources.size()) && i < size; ++i) {
     ASSIGN_OR_RETURN(*response.add_sources(), WithProgress(sources[i]));
   }
   if (static_cast<int>(sources.size()) > size) {
-    response.set_next_page_token(EncodeToken(sources[size - 1].spec().id()));
+    response.set_next_page_token(EncodeToken("ListSources", "", sources[size - 1].spec().id()));
   }
   return response;
 }
@@ -511,10 +525,14 @@ absl::StatusOr<std::string> SourceManagerImpl::ListStaged(store::StagedFamily fa
                                                           const std::string& page_token,
                                                           const AddFn& add) {
   ASSIGN_OR_RETURN(int size, PageSize(page_size, 100, 1000, "page_size"));
-  ASSIGN_OR_RETURN(std::string after, DecodeToken(page_token));
-  std::string prefix;
   if (!source_id.empty()) {
     RETURN_IF_ERROR(ValidateSourceId(source_id, "source_id"));
+  }
+  const absl::string_view call =
+      family == store::StagedFamily::kHolds ? "ListHolds" : "ListQuarantine";
+  ASSIGN_OR_RETURN(std::string after, DecodeToken(page_token, call, source_id));
+  std::string prefix;
+  if (!source_id.empty()) {
     RETURN_IF_ERROR(store_->GetSource(source_id).status());
     prefix = store::keys::SourcePrefix(source_id);
     if (after.empty()) after = prefix;
@@ -540,7 +558,7 @@ absl::StatusOr<std::string> SourceManagerImpl::ListStaged(store::StagedFamily fa
     return true;
   }));
   RETURN_IF_ERROR(parse_error);
-  return more ? EncodeToken(last_key) : std::string();
+  return more ? EncodeToken(call, source_id, last_key) : std::string();
 }
 
 absl::StatusOr<handoff::v1::ListHoldsResponse> SourceManagerImpl::ListHolds(
@@ -713,7 +731,9 @@ absl::StatusOr<handoff::v1::QueryEventsResponse> SourceManagerImpl::QueryEvents(
   if (request.to_block() != 0 && request.to_block() < request.from_block()) {
     return absl::InvalidArgumentError("to_block: must be at least from_block (or 0: no bound)");
   }
-  ASSIGN_OR_RETURN(std::string token, DecodeToken(request.page_token()));
+  const std::string scope =
+      absl::StrCat(request.source_id(), "/", request.from_block(), "/", request.to_block());
+  ASSIGN_OR_RETURN(std::string token, DecodeToken(request.page_token(), "QueryEvents", scope));
   Position from{request.from_block(), 0};
   if (!token.empty()) {
     if (token.size() != 16) return absl::InvalidArgumentError("page_token: malformed");
@@ -756,7 +776,7 @@ absl::StatusOr<handoff::v1::QueryEventsResponse> SourceManagerImpl::QueryEvents(
     std::string raw;
     store::keys::AppendBigEndian64(&raw, next->block);
     store::keys::AppendBigEndian64(&raw, next->log_index);
-    response.set_next_page_token(EncodeToken(raw));
+    response.set_next_page_token(EncodeToken("QueryEvents", scope, raw));
   }
   return response;
 }

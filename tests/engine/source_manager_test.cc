@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -329,6 +330,15 @@ TEST_F(ManagerTest, RunsStopsAndResumesFromTheCheckpointAfterRestart) {
   ASSERT_EQ(rows->rows_size(), 1);
   EXPECT_EQ(rows->rows(0).block_number(), 102u);
   EXPECT_TRUE(rows->next_page_token().empty());
+  // A token is taken back only for the same source and range.
+  ASSERT_TRUE(Create(Spec("b"), false).ok());
+  handoff::v1::QueryEventsRequest other = q;
+  other.set_source_id("b");
+  EXPECT_EQ(manager_->QueryEvents(other).status().code(), absl::StatusCode::kInvalidArgument);
+  other = q;
+  other.set_from_block(102);
+  EXPECT_EQ(manager_->QueryEvents(other).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(manager_->DeleteSource("b").ok());
 
   ASSERT_TRUE(manager_->StopSource("a").ok());
   ASSERT_TRUE(manager_->DeleteSource("a").ok());
@@ -795,6 +805,21 @@ TEST_F(ManagerTest, ListsPageThroughSourcesWithTokens) {
   EXPECT_EQ(ids, (std::vector<std::string>{"s0", "s1", "s2", "s3", "s4"}));
   req.set_page_token("!!!");
   EXPECT_EQ(manager_->ListSources(req).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // Another call's token is refused, not read as a key of this call's list.
+  req.clear_page_token();
+  absl::StatusOr<handoff::v1::ListSourcesResponse> first = manager_->ListSources(req);
+  ASSERT_TRUE(first.ok());
+  ASSERT_FALSE(first->next_page_token().empty());
+  handoff::v1::ListHoldsRequest holds;
+  holds.set_page_token(first->next_page_token());
+  EXPECT_EQ(manager_->ListHolds(holds).status().code(), absl::StatusCode::kInvalidArgument);
+  handoff::v1::ListQuarantineRequest quarantine;
+  quarantine.set_source_id("s1");
+  quarantine.set_page_token(first->next_page_token());
+  absl::StatusOr<handoff::v1::ListQuarantineResponse> q = manager_->ListQuarantine(quarantine);
+  EXPECT_EQ(q.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(q.status().message(), "page_token")) << q.status();
 }
 
 }  // namespace

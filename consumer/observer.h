@@ -27,7 +27,8 @@ class EngineObserver {
   virtual void OnRefusal(absl::string_view source_id, absl::string_view code) {}
   // A retry is scheduled (fetch or delivery).
   virtual void OnRetry(absl::string_view source_id) {}
-  // A correction page rewound `depth` blocks.
+  // A correction page replaced committed events `depth` blocks deep; called once its
+  // step is durable (Progress.counters.corrections counts the same pages).
   virtual void OnCorrection(absl::string_view source_id, uint64_t depth) {}
   // The worker changed state.
   virtual void OnStateChange(absl::string_view source_id, handoff::v1::SourceState state,

@@ -402,11 +402,12 @@ std::optional<PageAttempt::Result> PageAttempt::CommitSlots(
   if (config_.stage == store::Stage::kDelivery) StageOutboxRemovals(newly, step);
   // Orphans were staged first in this step by NewStep() (deletes before inserts).
   const bool had_orphans = orphans_pending_;
-  if (orphans_pending_) {
-    if (page_.reorg && !orphans_.empty()) {
-      deltas.set_corrections(deltas.corrections() + 1);
-      deltas.set_max_correction_depth(correction_depth_);
-    }
+  // A correction is a reorg page that replaces committed events; one that replaces none
+  // is counted nowhere (neither here nor by the observer).
+  const bool corrects = had_orphans && page_.reorg && !orphans_.empty();
+  if (corrects) {
+    deltas.set_corrections(deltas.corrections() + 1);
+    deltas.set_max_correction_depth(correction_depth_);
   }
   store::Fence fence;
   fence.expected_version = request_version_;
@@ -469,11 +470,10 @@ std::optional<PageAttempt::Result> PageAttempt::CommitSlots(
     slots_[i].state = SlotState::kTerminal;
     slots_[i].hold.reset();
   }
-  if (had_orphans) {
-    orphans_pending_ = false;
-    if (page_.reorg && config_.observer != nullptr) {
-      config_.observer->OnCorrection(config_.source_id, correction_depth_);
-    }
+  if (had_orphans) orphans_pending_ = false;
+  // Reported once durable: now, or with a deferred barrier once its ticket is synced.
+  if (corrects && !defer && config_.observer != nullptr) {
+    config_.observer->OnCorrection(config_.source_id, correction_depth_);
   }
   clear_applied_ = false;
   if (defer) {
@@ -485,6 +485,7 @@ std::optional<PageAttempt::Result> PageAttempt::CommitSlots(
     u.checkpoint = checkpoint_;
     u.events = events;
     u.commit_start = start;
+    if (corrects) u.correction_depth = correction_depth_;
     if (after_point != nullptr) u.after_point = PointName(config_.stage, after_point);
     return r;
   }

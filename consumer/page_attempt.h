@@ -127,6 +127,9 @@ struct UnsyncedBarrier {
   store::CheckpointRecord checkpoint;  // the promoted checkpoint
   int events = 0;                      // committed in the barrier's step
   absl::Time commit_start;
+  // Set when the step made a correction of this depth (EngineObserver::OnCorrection,
+  // reported once synced).
+  std::optional<uint64_t> correction_depth;
   // The fault point that follows the step's commit ("ingest.after_event_commit"), or
   // empty; hit once it is durable, before "ingest.after_barrier".
   std::string after_point;

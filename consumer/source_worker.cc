@@ -422,6 +422,9 @@ absl::Status SourceWorker::SettleUnsynced(size_t keep) {
     unsynced_.pop_front();
     if (parts_.observer != nullptr) {
       parts_.observer->OnCommit(spec_.id(), u.events, absl::Now() - u.commit_start);
+      if (u.correction_depth.has_value()) {
+        parts_.observer->OnCorrection(spec_.id(), *u.correction_depth);
+      }
     }
     if (!u.after_point.empty() && FaultPoints::Hit(u.after_point)) return crash();
     if (parts_.observer != nullptr) parts_.observer->OnPageCommitted(spec_.id());

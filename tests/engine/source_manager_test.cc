@@ -642,6 +642,46 @@ class StateLog : public consumer::EngineObserver {
   std::vector<handoff::v1::SourceState> states_;
 };
 
+// Counts the corrections the workers report (handoff_corrections_total).
+class CorrectionLog : public consumer::EngineObserver {
+ public:
+  void OnCorrection(absl::string_view, uint64_t depth) override {
+    absl::MutexLock lock(&mu_);
+    depths_.push_back(depth);
+  }
+  std::vector<uint64_t> depths() {
+    absl::MutexLock lock(&mu_);
+    return depths_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<uint64_t> depths_;
+};
+
+// The corrections reported are the ones the durable counters count: a reorg page that
+// replaces nothing committed is not one (and its step may still be waiting for its sync
+// when it is committed); one that drops an event is, reported after its synced commit.
+TEST_F(ManagerTest, ReportedCorrectionsAreTheCountedOnes) {
+  CorrectionLog log;
+  observer_ = &log;
+  Restart();
+  FakeProvider& p = providers_["a"];
+  p.SetPage("100", MakePage(100, 102, {MakeRow(100), MakeRow(101), MakeRow(102)}, "c1"));
+  p.SetPage("c1", MakePage(101, 102, {MakeRow(101), MakeRow(102)}, "c2", /*reorg=*/true));
+  p.SetPage("c2", MakePage(102, 102, {}, "c3", /*reorg=*/true));
+  ASSERT_TRUE(Create(Spec("a"), true).ok());
+  ASSERT_TRUE(WaitFor("a", [](const handoff::v1::Progress& pr) {
+    return pr.checkpoint().resume_cursor() == "c3";
+  }));
+  manager_->Shutdown();
+  absl::StatusOr<handoff::v1::Progress> pr = manager_->GetProgress("a");
+  ASSERT_TRUE(pr.ok());
+  EXPECT_EQ(pr->counters().corrections(), 1u);
+  EXPECT_EQ(log.depths(), (std::vector<uint64_t>{1}));
+  manager_.reset();
+}
+
 TEST_F(ManagerTest, ACaughtUpSourceReportsOneStateChangeNotTwoPerEmptyPoll) {
   StateLog log;
   observer_ = &log;

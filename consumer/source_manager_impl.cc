@@ -129,15 +129,22 @@ absl::Status SourceManagerImpl::Recover() {
 }
 
 void SourceManagerImpl::Shutdown() {
+  {
+    // Refuse new operations and stop everything first, so the workers reach their safe
+    // points in parallel.
+    absl::MutexLock lock(&mu_);
+    shut_down_ = true;
+    for (auto& [id, worker] : workers_) worker->RequestStop();
+  }
+  // Operations in flight (a StopSource joining its worker) finish before the workers
+  // are taken: none of them is joined or freed under another.
+  absl::MutexLock ops(&ops_mu_);
   std::vector<std::unique_ptr<SourceWorker>> workers;
   {
     absl::MutexLock lock(&mu_);
-    shut_down_ = true;
     for (auto& [id, worker] : workers_) workers.push_back(std::move(worker));
     workers_.clear();
   }
-  // Stop everything first so the workers reach their safe points in parallel.
-  for (auto& w : workers) w->RequestStop();
   for (auto& w : workers) w->Join();
   board_.Close();
 }

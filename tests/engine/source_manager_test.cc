@@ -33,18 +33,24 @@ using consumer::testing::FakeSink;
 using consumer::testing::MakePage;
 using consumer::testing::MakeRow;
 
+// Cancel() does not interrupt a Deliver in progress (a sink slow to answer); it calls
+// `on_cancel` when set.
 class ForwardSink : public consumer::ExternalSink {
  public:
-  explicit ForwardSink(FakeSink* s) : s_(s) {}
+  ForwardSink(FakeSink* s, std::function<void()> on_cancel)
+      : s_(s), on_cancel_(std::move(on_cancel)) {}
   std::vector<consumer::SinkAnswer> Deliver(absl::string_view id,
                                             absl::Span<const consumer::Delivery> d) override {
     return s_->Deliver(id, d);
   }
   int max_batch() const override { return 8; }
-  void Cancel() override {}
+  void Cancel() override {
+    if (on_cancel_) on_cancel_();
+  }
 
  private:
   FakeSink* s_;
+  const std::function<void()> on_cancel_;
 };
 
 // A stream (not polled per fetch) whose every Fetch at the head answers "nothing new"
@@ -89,7 +95,7 @@ class ManagerTest : public ::testing::Test {
     };
     mo.factories.external_sink = [this](const handoff::v1::SourceSpec&)
         -> absl::StatusOr<std::unique_ptr<consumer::ExternalSink>> {
-      return std::unique_ptr<consumer::ExternalSink>(new ForwardSink(&sink_));
+      return std::unique_ptr<consumer::ExternalSink>(new ForwardSink(&sink_, on_sink_cancel_));
     };
     manager_ = *consumer::SourceManager::Create(std::move(mo));
     ASSERT_TRUE(manager_->Recover().ok());
@@ -165,6 +171,8 @@ class ManagerTest : public ::testing::Test {
 
   std::string dir_;
   consumer::EngineObserver* observer_ = nullptr;  // set before Restart()
+  // Called when a worker cancels its sink (as it stops); set before Restart().
+  std::function<void()> on_sink_cancel_;
   // Called as a worker's provider is made (inside StartSource), with the source id.
   std::function<void(const std::string&)> on_provider_;
   std::map<std::string, FakeProvider> providers_;
@@ -680,6 +688,43 @@ TEST_F(ManagerTest, ReportedCorrectionsAreTheCountedOnes) {
   EXPECT_EQ(pr->counters().corrections(), 1u);
   EXPECT_EQ(log.depths(), (std::vector<uint64_t>{1}));
   manager_.reset();
+}
+
+// Shutdown while a StopSource waits for its worker (stuck in a slow sink call): the stop
+// finishes first, on a worker Shutdown has not joined and freed under it.
+TEST_F(ManagerTest, ShutdownWaitsForAStopInFlight) {
+  absl::Notification in_sink, release, cancelled;
+  on_sink_cancel_ = [&] {
+    if (!cancelled.HasBeenNotified()) cancelled.Notify();
+  };
+  Restart();
+  sink_.SetScript([&](const std::string&, int) {
+    if (!in_sink.HasBeenNotified()) in_sink.Notify();
+    release.WaitForNotification();
+    return consumer::SinkAnswer{};
+  });
+  handoff::v1::SourceSpec spec = Spec("d");
+  spec.mutable_sink()->mutable_downstream()->set_target("unused:1");
+  spec.mutable_sink()->set_gate(handoff::v1::DELIVERY_GATE_IMMEDIATE);
+  providers_["d"].SetPage("100", MakePage(100, 100, {MakeRow(100)}, "c1"));
+  ASSERT_TRUE(Create(spec, true).ok());
+  in_sink.WaitForNotification();
+
+  absl::StatusOr<handoff::v1::Source> stopped;
+  std::thread stop([&] { stopped = manager_->StopSource("d"); });
+  cancelled.WaitForNotification();  // the stop has asked the worker to stop
+  absl::Notification shut;
+  std::thread shutdown([&] {
+    manager_->Shutdown();
+    shut.Notify();
+  });
+  release.Notify();
+  stop.join();
+  shutdown.join();
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  EXPECT_FALSE(stopped->desired_running());
+  EXPECT_TRUE(shut.HasBeenNotified());
+  EXPECT_EQ(manager_->StartSource("d").status().code(), absl::StatusCode::kUnavailable);
 }
 
 TEST_F(ManagerTest, ACaughtUpSourceReportsOneStateChangeNotTwoPerEmptyPoll) {

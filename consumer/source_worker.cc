@@ -229,6 +229,7 @@ std::optional<FetchResult> SourceWorker::AwaitNews(const store::CheckpointRecord
 
 void SourceWorker::SetState(handoff::v1::SourceState state, const std::string& reason,
                             absl::Time retry_at) {
+  if (halted_.load()) return;  // a halt stays what the board shows
   bool changed = true;
   parts_.board->Update(spec_.id(), [&](handoff::v1::Progress* p) {
     changed = p->state() != state || p->reason() != reason;
@@ -245,7 +246,15 @@ void SourceWorker::SetState(handoff::v1::SourceState state, const std::string& r
 void SourceWorker::Halt(handoff::v1::SourceState state, const std::string& reason,
                         const absl::Status& error, const std::string& funding) {
   halted_.store(true);
-  if (parts_.provider != nullptr) parts_.provider->Close();
+  // Both threads of this source stop, before the connection is closed: a Fetch the close
+  // wakes must not be taken for a provider's refusal (a BACKING_OFF over this halt), and
+  // no new connection may be opened (Cancel: any later Fetch answers at once).
+  stop_.store(true);
+  if (parts_.provider != nullptr) {
+    parts_.provider->Cancel();
+    parts_.provider->Close();
+  }
+  if (parts_.sink != nullptr) parts_.sink->Cancel();
   handoff::v1::Progress snapshot;
   parts_.board->Update(spec_.id(), [&](handoff::v1::Progress* p) {
     p->set_state(state);
@@ -264,9 +273,6 @@ void SourceWorker::Halt(handoff::v1::SourceState state, const std::string& reaso
     if (!error.ok()) parts_.observer->OnError(spec_.id(), error);
   }
   if (parts_.persist_halt) parts_.persist_halt(snapshot);
-  // The other thread of this source stops too.
-  stop_.store(true);
-  if (parts_.sink != nullptr) parts_.sink->Cancel();
   absl::MutexLock lock(&mu_);
   cv_.SignalAll();
 }

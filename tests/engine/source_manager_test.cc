@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -23,6 +24,8 @@
 #include "consumer/source_manager_impl.h"
 #include "consumer/testing/fakes.h"
 #include "gtest/gtest.h"
+#include "rocksdb/env.h"
+#include "store/fault_injection_fs.h"
 #include "store/store.h"
 
 namespace handoff::tests {
@@ -74,6 +77,7 @@ class ManagerTest : public ::testing::Test {
   void Open() {
     store::StoreOptions so;
     so.path = dir_;
+    so.env = env_;
     store_ = *store::Store::Open(so);
     consumer::SourceManagerOptions mo;
     mo.store = store_.get();
@@ -88,6 +92,7 @@ class ManagerTest : public ::testing::Test {
       if (unstartable_.contains(spec.id())) {
         return absl::FailedPreconditionError("api_key.env: PROVIDER_KEY is not set");
       }
+      if (make_provider_) return make_provider_(&providers_[spec.id()]);
       if (streams_.contains(spec.id())) {
         return std::unique_ptr<consumer::Provider>(new InstantStream(&providers_[spec.id()]));
       }
@@ -171,6 +176,9 @@ class ManagerTest : public ::testing::Test {
 
   std::string dir_;
   consumer::EngineObserver* observer_ = nullptr;  // set before Restart()
+  rocksdb::Env* env_ = nullptr;                   // set before Restart()
+  // Makes the provider of each source (default: a ForwardingProvider); set before Restart().
+  std::function<std::unique_ptr<consumer::Provider>(FakeProvider*)> make_provider_;
   // Called when a worker cancels its sink (as it stops); set before Restart().
   std::function<void()> on_sink_cancel_;
   // Called as a worker's provider is made (inside StartSource), with the source id.
@@ -725,6 +733,136 @@ TEST_F(ManagerTest, ShutdownWaitsForAStopInFlight) {
   EXPECT_FALSE(stopped->desired_running());
   EXPECT_TRUE(shut.HasBeenNotified());
   EXPECT_EQ(manager_->StartSource("d").status().code(), absl::StatusCode::kUnavailable);
+}
+
+// A stream at the head: a cursor with no page waits for a new block until the connection
+// is closed (Close or Cancel), which answers a transient "closed" refusal, as the HTTP
+// adapter's stream does; once cancelled, every Fetch answers kCancelled at once (no
+// connection). Counts the fetches that would open a connection again after a close.
+class StreamAtTheHead : public consumer::Provider {
+ public:
+  explicit StreamAtTheHead(FakeProvider* pages) : pages_(pages) {}
+  consumer::FetchResult Fetch(const std::string& cursor) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_) return Closed(consumer::RefusalKind::kCancelled);
+      if (closed_) ++fetches_after_close_;
+    }
+    consumer::FetchResult r = pages_->Fetch(cursor);
+    if (r.page.has_value() && r.page->next != cursor) return r;
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&closed_));
+    return Closed(cancelled_ ? consumer::RefusalKind::kCancelled
+                             : consumer::RefusalKind::kTransient);
+  }
+  void Cancel() override {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = closed_ = true;
+  }
+  void Close() override {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+  }
+  int fetches_after_close() {
+    absl::MutexLock lock(&mu_);
+    return fetches_after_close_;
+  }
+
+ private:
+  static consumer::FetchResult Closed(consumer::RefusalKind kind) {
+    consumer::Refusal closed;
+    closed.kind = kind;
+    closed.code = "closed";
+    closed.message = "the stream was closed";
+    return consumer::FetchResult::Refused(closed);
+  }
+
+  FakeProvider* const pages_;
+  absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  int fetches_after_close_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Records refusals and states the workers report.
+class RefusalLog : public consumer::EngineObserver {
+ public:
+  void OnRefusal(absl::string_view, absl::string_view code) override {
+    absl::MutexLock lock(&mu_);
+    refusals_.emplace_back(code);
+  }
+  void OnStateChange(absl::string_view, handoff::v1::SourceState state,
+                     absl::string_view) override {
+    absl::MutexLock lock(&mu_);
+    states_.push_back(state);
+  }
+  std::vector<std::string> refusals() {
+    absl::MutexLock lock(&mu_);
+    return refusals_;
+  }
+  std::vector<handoff::v1::SourceState> states() {
+    absl::MutexLock lock(&mu_);
+    return states_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> refusals_;
+  std::vector<handoff::v1::SourceState> states_;
+};
+
+// A database failure stops the consumer and closes its connection: when the delivery
+// thread halts on a failed write while the ingest thread waits on the stream, the closed
+// stream is not taken for a provider's refusal (a BACKING_OFF over the halt), and no
+// connection is opened again.
+TEST_F(ManagerTest, AHaltClosesTheStreamForGood) {
+  auto fs = std::make_shared<store::FaultInjectionFs>();
+  std::unique_ptr<rocksdb::Env> env = rocksdb::NewCompositeEnv(fs);
+  env_ = env.get();
+  RefusalLog log;
+  observer_ = &log;
+  StreamAtTheHead* stream = nullptr;
+  make_provider_ = [&](FakeProvider* pages) {
+    auto p = std::make_unique<StreamAtTheHead>(pages);
+    stream = p.get();
+    return std::unique_ptr<consumer::Provider>(std::move(p));
+  };
+  Restart();
+  handoff::v1::SourceSpec spec = Spec("w");
+  spec.mutable_sink()->mutable_downstream()->set_target("unused:1");
+  spec.mutable_sink()->set_gate(handoff::v1::DELIVERY_GATE_FINALIZED);
+  consumer::Page page = MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "c1");
+  page.finalized = consumer::BlockMarkValue{101, absl::StrFormat("0x%064x", 101)};
+  providers_["w"].SetPage("100", std::move(page));
+  // The delivery's first call breaks the disk: its receipt cannot be written.
+  sink_.SetScript([&](const std::string&, int) {
+    store::FaultInjectionFs::Fault fault;
+    fault.ops = store::FaultInjectionFs::kAppend;
+    fs->Arm(fault);
+    consumer::SinkAnswer a;
+    a.kind = consumer::SinkAnswer::Kind::kApplied;
+    return a;
+  });
+  ASSERT_TRUE(Create(spec, true).ok());
+  ASSERT_TRUE(WaitFor("w", [](const handoff::v1::Progress& pr) {
+    return pr.state() == handoff::v1::SOURCE_STATE_STORAGE_FAILED;
+  }));
+  consumer::SourceWorker* worker =
+      static_cast<consumer::SourceManagerImpl*>(manager_.get())->WorkerForTest("w");
+  ASSERT_NE(worker, nullptr);
+  ASSERT_TRUE(worker->Join(absl::Seconds(10)));
+  absl::StatusOr<handoff::v1::Progress> pr = manager_->GetProgress("w");
+  ASSERT_TRUE(pr.ok());
+  EXPECT_EQ(pr->state(), handoff::v1::SOURCE_STATE_STORAGE_FAILED) << pr->reason();
+  EXPECT_TRUE(log.refusals().empty()) << log.refusals()[0];
+  for (handoff::v1::SourceState st : log.states()) {
+    EXPECT_NE(st, handoff::v1::SOURCE_STATE_BACKING_OFF);
+  }
+  ASSERT_NE(stream, nullptr);
+  EXPECT_EQ(stream->fetches_after_close(), 0);
+  fs->Disarm();
+  manager_.reset();
+  store_.reset();
 }
 
 TEST_F(ManagerTest, ACaughtUpSourceReportsOneStateChangeNotTwoPerEmptyPoll) {

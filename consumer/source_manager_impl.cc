@@ -742,13 +742,17 @@ absl::StatusOr<handoff::v1::QueryEventsResponse> SourceManagerImpl::QueryEvents(
       absl::StrCat(request.source_id(), "/", request.from_block(), "/", request.to_block());
   ASSIGN_OR_RETURN(std::string token, DecodeToken(request.page_token(), "QueryEvents", scope));
   Position from{request.from_block(), 0};
+  const Position to{request.to_block() == 0 ? kMaxIndex : request.to_block(), kMaxIndex};
   if (!token.empty()) {
     if (token.size() != 16) return absl::InvalidArgumentError("page_token: malformed");
     from = Position{store::keys::DecodeBigEndian64(token.data()),
                     store::keys::DecodeBigEndian64(token.data() + 8)};
+    // A token this call made lies in the asked range; a forged one may not.
+    if (from.block < request.from_block() || to < from) {
+      return absl::InvalidArgumentError("page_token: outside [from_block, to_block]");
+    }
   }
   RETURN_IF_ERROR(store_->GetSource(request.source_id()).status());
-  const Position to{request.to_block() == 0 ? kMaxIndex : request.to_block(), kMaxIndex};
   handoff::v1::QueryEventsResponse response;
   // The checkpoint and the rows of one durable view: a running worker's last page may
   // be written but not yet synced (WorkerOptions::max_unsynced_pages), and a caller

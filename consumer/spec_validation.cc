@@ -146,6 +146,10 @@ absl::StatusOr<handoff::v1::SourceSpec> NormalizeSpec(const handoff::v1::SourceS
   }
   const handoff::v1::FailurePolicy& p = spec.failure_policy();
   if (p.max_attempts() > 1000) return Invalid("spec.failure_policy.max_attempts", "at most 1000");
+  // Both bound a wait: the max is raised to the initial one when below it.
+  if (p.initial_backoff_ms() > 3600000) {
+    return Invalid("spec.failure_policy.initial_backoff_ms", "at most 3600000");
+  }
   if (p.max_backoff_ms() > 3600000) {
     return Invalid("spec.failure_policy.max_backoff_ms", "at most 3600000");
   }

@@ -84,6 +84,26 @@ TEST(NormalizeSpec, AProviderUrlWithCredentialsIsRefusedWithoutEchoingThem) {
   EXPECT_EQ(n->provider_url(), "https://provider.example/v1/@team");
 }
 
+// Each bounds a wait (the max is raised to the initial one): neither may pass an hour.
+TEST(NormalizeSpec, BackoffsAreAtMostAnHour) {
+  handoff::v1::SourceSpec spec = MinimalSpec();
+  spec.mutable_failure_policy()->set_initial_backoff_ms(3600000);
+  absl::StatusOr<handoff::v1::SourceSpec> n = NormalizeSpec(spec);
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(n->failure_policy().max_backoff_ms(), 3600000u);
+  for (const char* field : {"initial_backoff_ms", "max_backoff_ms"}) {
+    spec = MinimalSpec();
+    if (std::string(field) == "initial_backoff_ms") {
+      spec.mutable_failure_policy()->set_initial_backoff_ms(4000000000u);
+    } else {
+      spec.mutable_failure_policy()->set_max_backoff_ms(3600001);
+    }
+    n = NormalizeSpec(spec);
+    EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_NE(n.status().message().find(field), absl::string_view::npos) << n.status();
+  }
+}
+
 TEST(NormalizeSpec, AProviderUrlWithoutAHostIsRefused) {
   for (const char* url : {"http://", "https:///v1", "http://:8545/v1"}) {
     handoff::v1::SourceSpec spec = MinimalSpec();

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -355,6 +356,14 @@ TEST_F(ManagerTest, RunsStopsAndResumesFromTheCheckpointAfterRestart) {
   other.set_from_block(102);
   EXPECT_EQ(manager_->QueryEvents(other).status().code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(manager_->DeleteSource("b").ok());
+  // A forged token (the right header, a position outside the range) is refused too.
+  std::string raw = absl::StrCat("QueryEvents:a/101/0\n", std::string(16, '\0'));
+  other = q;
+  other.set_from_block(101);
+  other.set_page_token(absl::WebSafeBase64Escape(raw));
+  absl::StatusOr<handoff::v1::QueryEventsResponse> forged = manager_->QueryEvents(other);
+  EXPECT_EQ(forged.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(forged.status().message(), "outside")) << forged.status();
 
   ASSERT_TRUE(manager_->StopSource("a").ok());
   ASSERT_TRUE(manager_->DeleteSource("a").ok());

@@ -3,8 +3,11 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -27,6 +30,50 @@ class FirstErrorCollector final : public google::protobuf::io::ErrorCollector {
   std::string error_;
 };
 
+// The names of `type`'s schema (message, field and enum value names), recursively.
+void AddSchemaNames(const google::protobuf::Descriptor* type,
+                    absl::flat_hash_set<std::string>* names) {
+  if (!names->insert(type->full_name()).second) return;
+  names->insert(type->name());
+  for (int i = 0; i < type->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* field = type->field(i);
+    names->insert(field->name());
+    if (field->message_type() != nullptr) AddSchemaNames(field->message_type(), names);
+    if (field->enum_type() != nullptr) {
+      for (int v = 0; v < field->enum_type()->value_count(); ++v) {
+        names->insert(field->enum_type()->value(v)->name());
+      }
+    }
+  }
+}
+
+bool IsWordChar(char c) { return absl::ascii_isalnum(c) || c == '_' || c == '-' || c == '.'; }
+
+// The parser's message quotes the text it stopped at, which may be a secret written
+// where it does not belong (`api_key: "sk_live_..."`). Every word of the message that
+// comes from `text` and is not a name of the schema is replaced by "...".
+std::string RedactConfigWords(absl::string_view message, absl::string_view text) {
+  static const absl::flat_hash_set<std::string>* const kSchema = [] {
+    auto* names = new absl::flat_hash_set<std::string>();
+    AddSchemaNames(handoff::v1::SourcesConfig::descriptor(), names);
+    return names;
+  }();
+  std::string out;
+  for (size_t i = 0; i < message.size();) {
+    if (!IsWordChar(message[i])) {
+      out.push_back(message[i++]);
+      continue;
+    }
+    size_t end = i;
+    while (end < message.size() && IsWordChar(message[end])) ++end;
+    const absl::string_view word = message.substr(i, end - i);
+    const bool from_text = text.find(word) != absl::string_view::npos;
+    out.append(from_text && !kSchema->contains(word) ? "..." : std::string(word));
+    i = end;
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<handoff::v1::SourcesConfig> ParseSourcesConfig(const std::string& text) {
@@ -35,7 +82,8 @@ absl::StatusOr<handoff::v1::SourcesConfig> ParseSourcesConfig(const std::string&
   FirstErrorCollector errors;
   parser.RecordErrorsTo(&errors);
   if (!parser.ParseFromString(text, &config)) {
-    return absl::InvalidArgumentError(absl::StrCat("sources_config: ", errors.error()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sources_config: ", RedactConfigWords(errors.error(), text)));
   }
   return config;
 }

@@ -52,6 +52,25 @@ TEST_F(SourcesConfigTest, SyntaxErrorNamesLineAndColumn) {
       << config.status();
 }
 
+// A key written in the wrong place is quoted by protobuf's parser: the error keeps the
+// position and the schema's names, and none of the file's other words.
+TEST_F(SourcesConfigTest, SyntaxErrorsNeverQuoteTheFilesValues) {
+  for (const char* text :
+       {"sources {\n  spec {\n    api_key: \"sk_live_Hunter2xyz\"\n  }\n}\n",
+        "sources {\n  spec {\n    sk_live_Hunter2xyz: 1\n  }\n}\n",
+        "sources {\n  spec {\n    api_key { env sk_live_Hunter2xyz }\n  }\n}\n"}) {
+    auto config = ParseSourcesConfig(text);
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    const std::string message(config.status().message());
+    EXPECT_EQ(message.find("Hunter2"), std::string::npos) << message;
+    EXPECT_NE(message.find("line 3"), std::string::npos) << message;
+  }
+  // The schema's own names stay: the error still says which message it was in.
+  auto config = ParseSourcesConfig("sources {\n  spec { idd: \"x\" }\n}\n");
+  EXPECT_NE(config.status().message().find("handoff.v1.SourceSpec"), absl::string_view::npos)
+      << config.status();
+}
+
 TEST_F(SourcesConfigTest, CreatesAndStartsDeclaredSources) {
   auto config = ParseSourcesConfig(kConfig);
   ASSERT_TRUE(config.ok());

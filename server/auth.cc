@@ -78,6 +78,12 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::FromContent(
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": token must be at least ", kMinTokenLength, " printable characters"));
     }
+    // The deployment examples' placeholders (deploy/k8s/secret-tokens.example.yaml) are
+    // public: never a credential.
+    if (absl::StartsWith(fields[2], "REPLACE-")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": token is the example's placeholder; set a random one"));
+    }
     if (!names.insert(std::string(fields[0])).second) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": duplicate name ", fields[0]));
     }

@@ -81,6 +81,7 @@ TEST(AuthenticatorTest, BadFilesNameTheLineNeverTheToken) {
       {"a reader secret-secret-secret-1\nb operator secret-secret-secret-1\n", "already used"},
       {"a reader secret-secret-secret-1\na operator secret-secret-secret-2\n", "duplicate name"},
       {"# only comments\n", "no tokens"},
+      {"ops operator REPLACE-WITH-32-RANDOM-CHARACTERS-A\n", "placeholder"},
   };
   for (const Case& c : cases) {
     auto auth = Authenticator::FromContent(c.content);

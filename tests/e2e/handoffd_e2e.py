@@ -366,7 +366,26 @@ def phase_plain(binary, workdir, data_dir):
     log("ok - SIGTERM exits 0 after an ordered shutdown; logs are JSON lines")
 
 
-def phase_secure(binary, workdir, data_dir, certs):
+def check_handoffctl(handoffctl, server, workdir, certs):
+    """scripts/handoffctl over mTLS, its token from the environment."""
+    env = dict(os.environ, HANDOFF_TOKEN=READER_TOKEN,
+               HANDOFFCTL_CACHE=os.path.join(workdir, "handoffctl-cache"))
+    base = ["/usr/bin/python3", handoffctl, "--target", server.target,
+            "--tls-ca", certs + "/server.pem"]
+    mtls = base + ["--tls-cert", certs + "/client.pem", "--tls-key", certs + "/client.key"]
+    got = subprocess.run(mtls + ["get", "e2e-local"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert got.returncode == 0, got.stderr
+    assert 'id: "e2e-local"' in got.stdout, got.stdout
+    # Without the client certificate the mTLS port refuses it, with a clear error.
+    refused = subprocess.run(base + ["get", "e2e-local"], env=env, capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode != 0 and "UNAVAILABLE" in refused.stderr, refused.stderr
+    assert READER_TOKEN not in got.stdout + got.stderr + refused.stderr
+    log("ok - handoffctl over mTLS (and refused without a client certificate)")
+
+
+def phase_secure(binary, workdir, data_dir, certs, handoffctl=None):
     """TLS with a self-signed certificate and bearer tokens; then mTLS."""
     import grpc
     from handoff.v1 import consumer_admin_pb2 as admin
@@ -460,6 +479,8 @@ def phase_secure(binary, workdir, data_dir, certs):
         assert client.health_status("") == health_pb2.HealthCheckResponse.SERVING
         client.call("GetSource", admin.GetSourceRequest(source_id="e2e-local"))
         log("ok - mTLS: no client certificate refused, a CA-signed one accepted")
+        if handoffctl:
+            check_handoffctl(handoffctl, server, workdir, certs)
     except BaseException:
         server.kill()
         log(server.log_text())
@@ -471,6 +492,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--handoffd", required=True)
     parser.add_argument("--proto_dir", required=True)
+    parser.add_argument("--handoffctl", help="scripts/handoffctl, driven over mTLS")
     args = parser.parse_args()
 
     workdir = tempfile.mkdtemp(prefix="handoff-e2e-", dir=os.environ.get("TEST_TMPDIR"))
@@ -481,7 +503,8 @@ def main():
     binary = os.path.abspath(args.handoffd)
     data_dir = os.path.join(workdir, "data")
     phase_plain(binary, workdir, data_dir)
-    phase_secure(binary, workdir, data_dir, certs)
+    phase_secure(binary, workdir, data_dir, certs,
+                 os.path.abspath(args.handoffctl) if args.handoffctl else None)
     log("PASS")
 
 

@@ -4,9 +4,11 @@
 set -euo pipefail
 handoffd="$1"
 proto_dir="$2"
+handoffctl="$3"
 script="$(dirname "$0")/handoffd_e2e.py"
 if ! /usr/bin/python3 -c 'import grpc, grpc_tools' 2>/dev/null; then
   echo "python3-grpcio and python3-grpc-tools are missing: run scripts/setup" >&2
   exit 1
 fi
-exec /usr/bin/python3 "$script" --handoffd="$handoffd" --proto_dir="$proto_dir"
+exec /usr/bin/python3 "$script" --handoffd="$handoffd" --proto_dir="$proto_dir" \
+  --handoffctl="$handoffctl"

@@ -4,6 +4,7 @@
 // checked: no event skipped, each transactional effect applied once, each external
 // effect once per idempotency key with the same key on every replay, the cursor never
 // past a non-terminal event, applied_position never past the durable prefix.
+#include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -33,6 +34,37 @@ void ExpectSinkExactlyOnce(Harness& h) {
       }
     }
     EXPECT_EQ(h.sink().effects(expected), 1) << pos.DebugString();
+  }
+}
+
+// The sink attempts so far of every event whose outcome is durable (a row, or a durable
+// quarantine record), by idempotency key.
+std::map<std::string, int> DurableAttempts(Harness& h) {
+  std::map<std::string, int> out;
+  for (const auto& [pos, hash] : h.Rows()) {
+    const std::string key = absl::StrCat(h.id(), "/", hash, "/", pos.log_index);
+    out[key] = h.sink().attempts(key);
+  }
+  handoff::v1::ListQuarantineRequest req;
+  req.set_source_id(h.id());
+  absl::StatusOr<handoff::v1::ListQuarantineResponse> q = h.manager()->ListQuarantine(req);
+  EXPECT_TRUE(q.ok()) << q.status();
+  if (q.ok()) {
+    for (const auto& rec : q->records()) {
+      const std::string key =
+          absl::StrCat(h.id(), "/", rec.event().block_hash(), "/", rec.event().log_index());
+      out[key] = h.sink().attempts(key);
+    }
+  }
+  return out;
+}
+
+// Invariant 4: an event whose outcome was durable at the crash is a replay afterwards,
+// never sent to the sink again. (FakeSink dedupes like a good downstream, so its effect
+// count alone could not show a second delivery; its attempt count does.)
+void ExpectNoneResent(Harness& h, const std::map<std::string, int>& durable_at_crash) {
+  for (const auto& [key, attempts] : durable_at_crash) {
+    EXPECT_EQ(h.sink().attempts(key), attempts) << key << " had a durable outcome, sent again";
   }
 }
 
@@ -66,10 +98,14 @@ void CrashAtEveryHit(const std::string& name, const HarnessOptions& options,
     ASSERT_EQ(r.kind, Kind::kCrashed) << r.detail;
     h.Crash();  // abandon in-flight state, reopen from disk
     EXPECT_EQ(CheckInvariants(h, script), "") << "right after the crash";
+    const std::map<std::string, int> durable = DurableAttempts(h);
     r = h.RunUntilIdle();
     ASSERT_EQ(r.kind, Kind::kNothingNew) << r.detail;
     EXPECT_EQ(CheckComplete(h, script), "");
-    if (options.external_sink) ExpectSinkExactlyOnce(h);
+    if (options.external_sink) {
+      ExpectSinkExactlyOnce(h);
+      ExpectNoneResent(h, durable);
+    }
   }
 }
 
@@ -101,6 +137,29 @@ TEST(CrashInjection, CrashAfterSinkAnsweredBeforeReceipt) {
   // impossible: the receipt is written only after the answer; a crash in between
   // replays the delivery with the same idempotency key and the sink dedupes it.
   CrashAtEveryHit("after-deliver", External(), LinearScript(100, 2), "ingest.after_deliver");
+
+  // The sink's first answer is a failure, and the process dies right after it: had the
+  // receipt been written before the sink's answer was known, the event would be
+  // recorded as done and never applied. It is delivered again and applied once.
+  const Script script = LinearScript(100, 2);
+  Harness h(consumer::testing::TestDir("after-failed-deliver"), External());
+  h.Open();
+  h.Load(script);
+  auto fail_first = [](const std::string&, int attempt) {
+    SinkAnswer a;
+    a.kind = attempt == 1 ? SinkAnswer::Kind::kTransportError : SinkAnswer::Kind::kApplied;
+    return a;
+  };
+  h.sink().SetScript(fail_first);
+  FaultPoints::ArmNth("ingest.after_deliver", 1);
+  ASSERT_EQ(h.RunUntilIdle().kind, Kind::kCrashed);
+  h.Crash();
+  h.sink().SetScript(fail_first);
+  EXPECT_EQ(CheckInvariants(h, script), "");
+  EXPECT_TRUE(h.Rows().empty()) << "no outcome is durable: the only answer was a failure";
+  ASSERT_EQ(h.RunUntilIdle().kind, Kind::kNothingNew);
+  EXPECT_EQ(CheckComplete(h, script), "");
+  ExpectSinkExactlyOnce(h);
 }
 
 HarnessOptions QuarantineOdd() {
@@ -140,8 +199,13 @@ void CrashAtQuarantinePoint(const std::string& point) {
     h.Crash();
     RejectLogIndexOne(h);
     EXPECT_EQ(CheckInvariants(h, script), "");
+    const std::map<std::string, int> durable = DurableAttempts(h);
     ASSERT_EQ(h.RunUntilIdle().kind, Kind::kNothingNew);
     EXPECT_EQ(CheckComplete(h, script), "");
+    ExpectNoneResent(h, durable);
+    // Records are keyed by position: a second quarantine of one event would overwrite
+    // its record, but count twice.
+    EXPECT_EQ(h.Checkpoint().counters().quarantined(), 3u);
     // Each rejected event has exactly one durable quarantine record.
     handoff::v1::ListQuarantineRequest req;
     req.set_source_id(h.id());

@@ -874,6 +874,45 @@ TEST_F(ManagerTest, AHaltClosesTheStreamForGood) {
   store_.reset();
 }
 
+// "Persisting the returned token immediately after a successful fetch" is not done by the
+// worker: it dies right after fetching page 2 (the worker's own fault point, with the
+// default deferred syncs), and the database reopened from disk still resumes at page 2's
+// request cursor; the restarted source then applies page 2 once.
+TEST_F(ManagerTest, AWorkerKilledRightAfterAFetchResumesAtTheRequestCursor) {
+  FakeProvider& p = providers_["k"];
+  p.SetPage("100", MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "c1"));
+  p.SetPage("c1", MakePage(102, 103, {MakeRow(102), MakeRow(103)}, "c2"));
+  consumer::FaultPoints::ArmNth("ingest.after_fetch", 2);
+  ASSERT_TRUE(Create(Spec("k"), true).ok());
+  consumer::SourceWorker* worker =
+      static_cast<consumer::SourceManagerImpl*>(manager_.get())->WorkerForTest("k");
+  ASSERT_NE(worker, nullptr);
+  ASSERT_TRUE(worker->Join(absl::Seconds(10)));  // it abandoned everything at the point
+  consumer::FaultPoints::DisarmAll();
+  EXPECT_TRUE(worker->crashed());
+  manager_.reset();
+  store_.reset();
+  {
+    // What is on disk, before a restarted worker runs.
+    store::StoreOptions so;
+    so.path = dir_;
+    absl::StatusOr<std::unique_ptr<store::Store>> on_disk = store::Store::Open(so);
+    ASSERT_TRUE(on_disk.ok()) << on_disk.status();
+    absl::StatusOr<store::CheckpointRecord> cp =
+        (*on_disk)->LoadCheckpoint("k", store::Stage::kIngest);
+    ASSERT_TRUE(cp.ok()) << cp.status();
+    EXPECT_EQ(cp->resume_cursor(), "c1");
+  }
+  Open();  // a fresh engine over the database reopened from disk
+  ASSERT_TRUE(WaitFor("k", [](const handoff::v1::Progress& pr) {
+    return pr.checkpoint().resume_cursor() == "c2";
+  }));
+  absl::StatusOr<handoff::v1::Progress> pr = manager_->GetProgress("k");
+  ASSERT_TRUE(pr.ok());
+  EXPECT_EQ(pr->counters().applied(), 4u);
+  EXPECT_EQ(pr->checkpoint().applied_block(), 103u);
+}
+
 TEST_F(ManagerTest, ACaughtUpSourceReportsOneStateChangeNotTwoPerEmptyPoll) {
   StateLog log;
   observer_ = &log;

@@ -347,6 +347,43 @@ TEST(Effects, FinalizedGateNeverDeliversReorgedEvents) {
   FaultPoints::CountHits(false);
 }
 
+// "Keep the highest finalized mark across lower or null marks and process restarts when
+// gating outbox effects": pages finalizing 101, then none (null), then only 99, with a
+// restart between them. Every event up to 101 is delivered and nothing above it: a mark
+// taken from the last page (or lost in the restart) would deliver nothing.
+TEST(Effects, TheFinalizedGateKeepsTheHighestMarkAcrossLowerNullAndRestarts) {
+  Rig rig(consumer::testing::TestDir("highest-mark"));
+  FakeProvider& p = rig.provider("hm");
+  // The sink fails every call at first (UNAVAILABLE: no attempt used), so nothing is
+  // delivered before the restart.
+  sim::v1::FaultConfig down;
+  down.set_fail_next_calls(1000000);
+  down.set_fail_mode(sim::v1::FAIL_MODE_UNAVAILABLE);
+  rig.sink()->SetFaults(down);
+  p.SetPage("100", WithMarks(MakePage(100, 103, TwoEventsPerBlock(100, 103, "a"), "c1"), 101, 102));
+  p.SetPage("c1", MakePage(104, 105, TwoEventsPerBlock(104, 105, "a"), "c2"));  // null marks
+  rig.Create(rig.Spec("hm", handoff::v1::DELIVERY_GATE_FINALIZED));
+  ASSERT_TRUE(rig.WaitFor("hm", [](const handoff::v1::Progress& pr) {
+    return pr.checkpoint().resume_cursor() == "c2";
+  }));
+  rig.Restart();
+  EXPECT_TRUE(rig.DeliveryReceipts("hm").empty());
+  p.SetPage("c2", WithMarks(MakePage(106, 107, TwoEventsPerBlock(106, 107, "a"), "c3"), 99, 99));
+  rig.sink()->SetFaults(sim::v1::FaultConfig());
+  ASSERT_TRUE(rig.WaitFor("hm", [](const handoff::v1::Progress& pr) {
+    return pr.checkpoint().resume_cursor() == "c3" && DeliveredThrough(pr, 101, 1);
+  })) << "the events up to the highest mark (101) were not all delivered";
+  absl::StatusOr<handoff::v1::Progress> pr = rig.manager()->GetProgress("hm");
+  ASSERT_TRUE(pr.ok());
+  EXPECT_EQ(pr->highest_finalized().number(), 101u);
+  const std::vector<Position> delivered = rig.DeliveryReceipts("hm");
+  ASSERT_EQ(delivered.size(), 4u);
+  EXPECT_EQ(delivered.back(), (Position{101, 1}));
+  for (const auto& [key, rec] : rig.Records()) {
+    EXPECT_LE(rec.request.event().block_number(), 101u) << key;
+  }
+}
+
 // A hold in the middle of a run, resolved by an operator while the next run's rows are
 // read ahead: every key is delivered once and has its receipt. (When the resolution
 // wins the race with the attempt's commit, the next attempt starts inside the run and

@@ -657,6 +657,25 @@ TEST_F(HttpProviderTest, ClassifiesControlsAndHeaders) {
   EXPECT_EQ(ClassifyRefusal(502, "", {}, {}).kind, RefusalKind::kTransient);
   EXPECT_EQ(ClassifyRefusal(404, "", {}, {}).kind, RefusalKind::kConfigInvalid);
   EXPECT_EQ(ClassifyRefusal(429, "", absl::Seconds(9), {}).retry_after, absl::Seconds(9));
+  // The delay may sit in `details`; the body's wins over the header's.
+  Refusal d = ClassifyRefusal(503, R"({"error":"chain_unavailable","details":{"retry_after":7}})",
+                              absl::Seconds(2), {});
+  EXPECT_EQ(d.kind, RefusalKind::kRetryAfter);
+  EXPECT_EQ(d.retry_after, absl::Seconds(7));
+}
+
+// The contract's timings are the defaults: a stream silent for 60 s is dropped (the
+// provider writes at least every 30 s), and a spec's options keep them.
+TEST(HttpProviderOptionsTest, DefaultsFollowTheContract) {
+  EXPECT_EQ(HttpProviderOptions().sse_silence_timeout, absl::Seconds(60));
+  EXPECT_EQ(HttpProviderOptions().read_timeout, absl::Seconds(30));
+  handoff::v1::SourceSpec spec;
+  spec.set_provider_url("http://127.0.0.1:8545");
+  spec.set_chain("sim");
+  spec.set_source("logs");
+  spec.set_filter("all");
+  spec.set_transport(handoff::v1::TRANSPORT_SSE);
+  EXPECT_EQ(OptionsForSpec(spec).sse_silence_timeout, absl::Seconds(60));
 }
 
 TEST_F(HttpProviderTest, PageSizeLimitAbortsTheTransfer) {

@@ -394,6 +394,27 @@ TEST(HostileProviderTest, SlowLorisHeaders) {
   }
 }
 
+// Retry-After may be an HTTP-date (RFC 9110): a 429 saying "30 s from now" as a date is
+// honoured as a delay of about 30 s, not read as malformed.
+TEST(HostileProviderTest, RetryAfterAsAnHttpDate) {
+  const absl::Time when = absl::Now() + absl::Seconds(30);
+  const std::string date = absl::FormatTime("%a, %d %b %Y %H:%M:%S GMT", when, absl::UTCTimeZone());
+  const std::string body = R"({"error":"rate_limited","details":{"message":"slow down"}})";
+  ScriptedServer server([&](ScriptedServer::Conn& c) {
+    c.Send(ResponseHead("429 Too Many Requests", "application/json", body.size(),
+                        absl::StrCat("Retry-After: ", date, "\r\n")) +
+           body);
+  });
+  std::unique_ptr<HttpProvider> p = Make(Options(server, handoff::v1::TRANSPORT_POLL));
+  FetchResult r = p->Fetch("1200");
+  SCOPED_TRACE(Describe(r));
+  ASSERT_TRUE(r.refusal.has_value());
+  EXPECT_EQ(r.refusal->kind, RefusalKind::kRetryAfter);
+  ASSERT_TRUE(r.refusal->retry_after.has_value());
+  EXPECT_GE(*r.refusal->retry_after, absl::Seconds(27));
+  EXPECT_LE(*r.refusal->retry_after, absl::Seconds(31));
+}
+
 // An SSE response may open only with its first frame, which the provider writes within 30 s:
 // the stream's headers get the 60 s silence rule, not the polled read_timeout.
 TEST(HostileProviderTest, SseHeadersLaterThanReadTimeoutButWithinSilence) {

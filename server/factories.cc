@@ -1,14 +1,9 @@
 #include "server/factories.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <thread>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/str_cat.h"
 #include "consumer/page_budget.h"
 #include "consumer/provider/curl_session.h"
 #include "consumer/provider/http_provider.h"
@@ -22,51 +17,14 @@ namespace {
 // keep only a few busy at once; busy sources lease more while they fetch.
 constexpr size_t kIdlePollSessions = 16;
 
-// Reads the provider API key named by the spec. Errors name where the key was looked
-// for, never its value.
-absl::StatusOr<std::string> ResolveApiKey(const handoff::v1::SourceSpec& spec) {
-  if (!spec.has_api_key()) return std::string();
-  const handoff::v1::SecretRef& ref = spec.api_key();
-  std::string key;
-  if (ref.has_env()) {
-    const char* value = std::getenv(ref.env().c_str());
-    if (value == nullptr || *value == '\0') {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "source ", spec.id(), ": api_key.env: environment variable ", ref.env(),
-          " is not set"));
-    }
-    key = value;
-  } else if (ref.has_file()) {
-    std::ifstream in(ref.file());
-    if (!in) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "source ", spec.id(), ": api_key.file: cannot read ", ref.file()));
-    }
-    std::stringstream ss;
-    ss << in.rdbuf();
-    key = ss.str();
-  }
-  key = std::string(absl::StripAsciiWhitespace(key));
-  if (key.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("source ", spec.id(), ": api_key: the named secret is empty"));
-  }
-  for (char c : key) {
-    if (static_cast<unsigned char>(c) < 0x21 || c == 0x7f) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "source ", spec.id(), ": api_key: the secret holds characters a header cannot carry"));
-    }
-  }
-  return key;
-}
-
 }  // namespace
 
 size_t DefaultMaxPagesInFlight() {
   return std::max<size_t>(16, 8 * static_cast<size_t>(std::thread::hardware_concurrency()));
 }
 
-consumer::Factories ProductionFactories(size_t max_pages_in_flight, bool adaptive_page_slots) {
+consumer::Factories ProductionFactories(size_t max_pages_in_flight, bool adaptive_page_slots,
+                                        ApiKeyPolicy api_keys) {
   consumer::Factories factories;
   // One pool for every source's polled requests: caught-up sources share a few warm
   // connections instead of reconnecting at each poll (consumer/provider/curl_session.h).
@@ -76,9 +34,9 @@ consumer::Factories ProductionFactories(size_t max_pages_in_flight, bool adaptiv
   budget_options.slots = std::max<size_t>(1, max_pages_in_flight);
   if (adaptive_page_slots) budget_options.adaptive_min = kMinAdaptivePageSlots;
   auto budget = consumer::PageBudget::Create(std::move(budget_options));
-  factories.provider = [pool, budget](const handoff::v1::SourceSpec& spec)
+  factories.provider = [pool, budget, api_keys](const handoff::v1::SourceSpec& spec)
       -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
-    absl::StatusOr<std::string> key = ResolveApiKey(spec);
+    absl::StatusOr<std::string> key = ResolveApiKey(spec, api_keys);
     if (!key.ok()) return key.status();
     consumer::HttpProviderOptions options = consumer::OptionsForSpec(spec);
     options.api_key = *std::move(key);

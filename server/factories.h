@@ -2,9 +2,9 @@
 // builds a source's provider (consumer/provider/: the libcurl polling and SSE adapters)
 // and external sink (consumer/sinks/: the gRPC EventSink client).
 //
-// The provider API key is read here, from the environment variable or file the spec
-// names; errors say where it was looked for, never what it is. Local-rows sources need
-// no external sink (nullptr).
+// The provider API key is read here (server/api_keys.h), from the environment variable or
+// file the spec names, under the process's ApiKeyPolicy; errors say where it was looked
+// for, never what it is. Local-rows sources need no external sink (nullptr).
 //
 // Only handoffd's composition root (flags.cc) depends on this target, so the server
 // library and its tests link no engine.
@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "consumer/source_manager.h"
+#include "server/api_keys.h"
 
 namespace handoff::server {
 
@@ -41,9 +42,10 @@ inline constexpr size_t kMinAdaptivePageSlots = 3;
 // The providers share one PageBudget of `max_pages_in_flight` slots (at least 1) and
 // one pool of warm connections. With `adaptive_page_slots` (--adaptive_page_slots), the
 // slots in use adapt between kMinAdaptivePageSlots and `max_pages_in_flight` to the
-// latency of the fetches (consumer/slot_limit.h).
+// latency of the fetches (consumer/slot_limit.h). Provider keys are read under `api_keys`.
 consumer::Factories ProductionFactories(size_t max_pages_in_flight,
-                                        bool adaptive_page_slots = true);
+                                        bool adaptive_page_slots = true,
+                                        ApiKeyPolicy api_keys = {});
 
 // consumer::SourceManager::Create.
 absl::StatusOr<std::unique_ptr<consumer::SourceManager>> CreateProductionSourceManager(

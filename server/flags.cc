@@ -75,6 +75,13 @@ ABSL_FLAG(bool, adaptive_page_slots, true,
           "of the fetches (TCP Vegas's rule): more while more pages in flight do not make "
           "each slower (a distant provider), fewer once they only share the CPU (a busy "
           "machine, a provider on it). false: all --max_pages_in_flight slots are used.");
+ABSL_FLAG(std::string, api_key_dir, "",
+          "If set, a source's api_key.file must be a file inside this directory (symlinks "
+          "resolved), e.g. the mounted Secret of provider keys: the admin API cannot point a "
+          "source at another file of the process. Empty: any file.");
+ABSL_FLAG(std::string, api_key_env_prefix, "",
+          "If set, a source's api_key.env must start with this prefix (e.g. "
+          "HANDOFF_PROVIDER_KEY_). Empty: any variable.");
 ABSL_FLAG(absl::Duration, idle_poll_max, handoff::consumer::WorkerOptions().idle_backoff.max,
           "Longest wait between two polls of a caught-up polling source (each wait is "
           "uniform in [half, all] of the growing ceiling). Longer costs less CPU per idle "
@@ -167,8 +174,12 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_pages_in_flight=", pages_in_flight, " is outside 1..4096"));
   }
+  ApiKeyPolicy api_keys;
+  api_keys.dir = absl::GetFlag(FLAGS_api_key_dir);
+  api_keys.env_prefix = absl::GetFlag(FLAGS_api_key_env_prefix);
   options.factories = ProductionFactories(static_cast<size_t>(pages_in_flight),
-                                          absl::GetFlag(FLAGS_adaptive_page_slots));
+                                          absl::GetFlag(FLAGS_adaptive_page_slots),
+                                          std::move(api_keys));
   return options;
 }
 

@@ -1,6 +1,6 @@
 // The crash-injection suite (issue 3): a "crash" abandons the attempt in flight at a
-// named fault point, closes the database and reopens it from disk in a fresh engine,
-// which then runs to completion. After each crash and at the end the durable state is
+// named fault point, cuts the power (every file loses what was not synced) and reopens
+// the database from disk in a fresh engine, which then runs to completion. After each crash and at the end the durable state is
 // checked: no event skipped, each transactional effect applied once, each external
 // effect once per idempotency key with the same key on every replay, the cursor never
 // past a non-terminal event, applied_position never past the durable prefix.

@@ -17,7 +17,9 @@ Harness::Harness(std::string dir, HarnessOptions options)
     : dir_(std::move(dir)),
       options_(options),
       provider_(std::make_unique<consumer::testing::FakeProvider>()),
-      sink_(std::make_unique<consumer::testing::FakeSink>(options.sink_batch)) {
+      sink_(std::make_unique<consumer::testing::FakeSink>(options.sink_batch)),
+      fs_(std::make_shared<store::FaultInjectionFs>()),
+      env_(rocksdb::NewCompositeEnv(fs_)) {
   spec_.set_id("crash-src");
   spec_.set_provider_url("http://provider.invalid");
   spec_.set_chain("testnet");
@@ -45,6 +47,7 @@ Harness::~Harness() {
 void Harness::Open() {
   store::StoreOptions so;
   so.path = dir_;
+  so.env = env_.get();
   absl::StatusOr<std::unique_ptr<store::Store>> s = store::Store::Open(so);
   if (!s.ok()) abort();
   store_ = *std::move(s);
@@ -68,10 +71,21 @@ void Harness::Open() {
 
 void Harness::Crash() {
   consumer::FaultPoints::DisarmAll();
-  blocked_.reset();  // in-memory attempt state is lost
+  const store::CheckpointRecord before = Checkpoint();
+  fs_->Deactivate();  // the power goes: nothing more reaches the disk
+  blocked_.reset();   // in-memory attempt state is lost
   manager_.reset();
   store_.reset();
+  if (!fs_->DropUnsyncedData().ok()) abort();
+  fs_->Reactivate();
   Open();
+  const store::CheckpointRecord after = Checkpoint();
+  lost_on_crash_.clear();
+  if (after.version() != before.version() || after.step_seq() != before.step_seq()) {
+    lost_on_crash_ = absl::StrCat("the power loss took back committed steps: checkpoint v",
+                                  before.version(), " seq ", before.step_seq(), " came back as v",
+                                  after.version(), " seq ", after.step_seq());
+  }
 }
 
 void Harness::Load(const Script& script) {
@@ -219,6 +233,7 @@ std::map<Position, std::string> ModelAfter(const Script& script, size_t k) {
 }
 
 std::string CheckInvariants(Harness& h, const Script& script) {
+  if (!h.lost_on_crash().empty()) return h.lost_on_crash();
   store::CheckpointRecord cp = h.Checkpoint();
   size_t k = script.pages.size();
   for (size_t i = 0; i < script.cursors.size(); ++i) {

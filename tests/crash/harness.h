@@ -14,6 +14,8 @@
 #include "consumer/source_manager.h"
 #include "consumer/source_worker.h"
 #include "consumer/testing/fakes.h"
+#include "rocksdb/env.h"
+#include "store/fault_injection_fs.h"
 #include "store/store.h"
 
 namespace handoff::tests {
@@ -45,8 +47,12 @@ class Harness {
   // Opens the database and the manager; creates the source on first open.
   void Open();
   // A crash: the worker in flight is abandoned (already returned kCrashed), nothing is
-  // cleaned up, the database is closed and reopened from disk by Open().
+  // cleaned up, and the machine loses power: nothing more reaches the disk, the database
+  // is closed, every file loses what was not synced (FaultInjectionFs), and Open()
+  // reopens it. The harness commits every step synced, so the checkpoint must come back
+  // as it was: lost_on_crash() says what a crash lost ("" when nothing).
   void Crash();
+  const std::string& lost_on_crash() const { return lost_on_crash_; }
 
   // Loads pages into the provider: pages[i] served at cursors[i].
   void Load(const Script& script);
@@ -76,6 +82,10 @@ class Harness {
   // The provider and the sink live outside the process: they survive crashes.
   std::unique_ptr<consumer::testing::FakeProvider> provider_;
   std::unique_ptr<consumer::testing::FakeSink> sink_;
+  // The disk: survives crashes, loses unsynced data at each (power loss).
+  std::shared_ptr<store::FaultInjectionFs> fs_;
+  std::unique_ptr<rocksdb::Env> env_;
+  std::string lost_on_crash_;
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<consumer::testing::CountingEffect> effect_;
   std::unique_ptr<consumer::SourceManager> manager_;

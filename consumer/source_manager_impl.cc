@@ -145,6 +145,7 @@ void SourceManagerImpl::Shutdown() {
     for (auto& [id, worker] : workers_) workers.push_back(std::move(worker));
     workers_.clear();
   }
+  for (auto& w : workers) w->RequestStop();  // idempotent; any started meanwhile too
   for (auto& w : workers) w->Join();
   board_.Close();
 }
@@ -268,7 +269,11 @@ absl::Status SourceManagerImpl::StartLocked(const handoff::v1::Source& source,
     absl::MutexLock lock(&mu_);
     if (shut_down_) return absl::UnavailableError("the server is shutting down");
     auto it = workers_.find(id);
-    if (it != workers_.end() && !it->second->finished()) return absl::OkStatus();
+    // A halted worker may still be finishing (its other thread, its persisted halt): it is
+    // reaped below and replaced, not taken for a running one.
+    if (it != workers_.end() && !it->second->finished() && !it->second->halted()) {
+      return absl::OkStatus();
+    }
   }
   // A failed store refuses writes until the process restarts, and what it holds past
   // the failure may never have reached the disk: a worker started on it would publish
@@ -318,6 +323,8 @@ absl::Status SourceManagerImpl::StartLocked(const handoff::v1::Source& source,
   SourceWorker* raw = worker.get();
   {
     absl::MutexLock lock(&mu_);
+    // Shutdown may have begun while this worker was made: it would never be stopped.
+    if (shut_down_) return absl::UnavailableError("the server is shutting down");
     workers_[id] = std::move(worker);
   }
   raw->Start();
@@ -367,6 +374,8 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::UpdateSource(
     }
     const bool running = IsRunning(spec.id());
     RETURN_IF_ERROR(StopLocked(spec.id()));
+    // Read once the worker is joined: a halt it persisted while stopping stays.
+    ASSIGN_OR_RETURN(source, store_->GetSource(spec.id()));
     *source.mutable_spec() = spec;
     RETURN_IF_ERROR(store_->PutSource(source));
     if (running) RETURN_IF_ERROR(StartLocked(source));

@@ -133,6 +133,14 @@ void SourceWorker::Start() {
   }
 }
 
+void SourceWorker::CrashAtFaultPoint() {
+  // The process "dies" here (a test's fault point): nothing more is written. The other
+  // thread of this source must end too, also if it waits for news or a hold: as a stop,
+  // which wakes and cancels it.
+  crashed_.store(true);
+  RequestStop();
+}
+
 void SourceWorker::RequestStop() {
   if (stop_.exchange(true)) return;
   if (parts_.provider != nullptr) parts_.provider->Cancel();
@@ -229,9 +237,14 @@ std::optional<FetchResult> SourceWorker::AwaitNews(const store::CheckpointRecord
 
 void SourceWorker::SetState(handoff::v1::SourceState state, const std::string& reason,
                             absl::Time retry_at) {
-  if (halted_.load()) return;  // a halt stays what the board shows
   bool changed = true;
   parts_.board->Update(spec_.id(), [&](handoff::v1::Progress* p) {
+    // A halt stays what the board shows. Checked under the board's lock: Halt sets
+    // halted_ before its own update, so a state set by another thread cannot land after it.
+    if (halted_.load()) {
+      changed = false;
+      return;
+    }
     changed = p->state() != state || p->reason() != reason;
     p->set_state(state);
     p->set_reason(reason);
@@ -380,8 +393,7 @@ bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
       case Kind::kLostRace:
         return true;  // reread the checkpoint
       case Kind::kCrashed:
-        crashed_.store(true);
-        stop_.store(true);
+        CrashAtFaultPoint();
         return false;
       case Kind::kCancelled:
         return false;
@@ -417,8 +429,7 @@ bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
 
 absl::Status SourceWorker::SettleUnsynced(size_t keep) {
   auto crash = [this] {
-    crashed_.store(true);
-    stop_.store(true);
+    CrashAtFaultPoint();
     return absl::CancelledError("crashed at a fault point");
   };
   while (!unsynced_.empty()) {
@@ -563,8 +574,7 @@ void SourceWorker::IngestLoop() {
     }
     malformed = 0;
     if (FaultPoints::Hit("ingest.after_fetch")) {
-      crashed_.store(true);
-      stop_.store(true);
+      CrashAtFaultPoint();
       break;
     }
     auto attempt = std::make_unique<PageAttempt>(config,

@@ -224,6 +224,8 @@ class SourceWorker {
   // The ingest checkpoint last published (durable), else the stored one.
   absl::StatusOr<store::CheckpointRecord> PublishedIngest() const ABSL_LOCKS_EXCLUDED(mu_);
   Wake WaitUntil(absl::Time deadline, bool* poked_flag) ABSL_LOCKS_EXCLUDED(mu_);
+  // A fault point fired: marks the worker crashed and stops both threads.
+  void CrashAtFaultPoint();
   void SetState(handoff::v1::SourceState state, const std::string& reason,
                 absl::Time retry_at = absl::InfinitePast());
   void Halt(handoff::v1::SourceState state, const std::string& reason,

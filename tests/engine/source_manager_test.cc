@@ -84,6 +84,11 @@ class ManagerTest : public ::testing::Test {
     mo.store = store_.get();
     mo.max_sources = 100;
     mo.observer = observer_;
+    mo.stop_timeout = stop_timeout_;
+    // Workers and the idle poller at the test's own priority: niced threads can starve
+    // for minutes on a machine loaded by the other tests of the suite (a poll that never
+    // comes, and an Unpark waiting for it).
+    mo.worker.thread_nice = 0;
     mo.worker.fetch_backoff.initial = absl::Milliseconds(20);
     mo.worker.fetch_backoff.max = absl::Seconds(30);
     mo.worker.idle_backoff = mo.worker.fetch_backoff;
@@ -178,6 +183,7 @@ class ManagerTest : public ::testing::Test {
   std::string dir_;
   consumer::EngineObserver* observer_ = nullptr;  // set before Restart()
   rocksdb::Env* env_ = nullptr;                   // set before Restart()
+  absl::Duration stop_timeout_ = absl::Seconds(30);  // set before Restart()
   // Makes the provider of each source (default: a ForwardingProvider); set before Restart().
   std::function<std::unique_ptr<consumer::Provider>(FakeProvider*)> make_provider_;
   // Called when a worker cancels its sink (as it stops); set before Restart().
@@ -283,6 +289,50 @@ TEST_F(ManagerTest, AHaltAtStartIsWhatTheStoreKeeps) {
   EXPECT_EQ(stored->progress().state(), handoff::v1::SOURCE_STATE_AUTH_FAILED)
       << stored->DebugString();
   EXPECT_FALSE(stored->desired_running());
+}
+
+// A worker that halted (AUTH_FAILED on its ingest thread) while its delivery thread is
+// still in a sink call is not taken for a running one: StartSource reaps and replaces it,
+// waiting for it as StopSource does (DEADLINE_EXCEEDED while the call lasts), instead of
+// answering OK and starting nothing.
+TEST_F(ManagerTest, StartSourceReplacesAHaltedWorkerStillFinishing) {
+  stop_timeout_ = absl::Milliseconds(200);
+  Restart();
+  absl::Notification in_sink, release;
+  sink_.SetScript([&](const std::string&, int) {
+    if (!in_sink.HasBeenNotified()) in_sink.Notify();
+    release.WaitForNotification();
+    consumer::SinkAnswer a;
+    a.kind = consumer::SinkAnswer::Kind::kApplied;
+    return a;
+  });
+  handoff::v1::SourceSpec spec = Spec("r");
+  spec.mutable_sink()->mutable_downstream()->set_target("unused:1");
+  spec.mutable_sink()->set_gate(handoff::v1::DELIVERY_GATE_FINALIZED);
+  consumer::Page page = MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "c1");
+  page.finalized = consumer::BlockMarkValue{101, absl::StrFormat("0x%064x", 101)};
+  providers_["r"].SetPage("100", std::move(page));
+  consumer::Refusal unauthorized;
+  unauthorized.kind = consumer::RefusalKind::kAuthFailed;
+  unauthorized.http_status = 401;
+  unauthorized.code = "unauthorized";
+  ASSERT_TRUE(Create(spec, true).ok());
+  in_sink.WaitForNotification();  // the delivery thread is in the sink
+  providers_["r"].SetRefusal("c1", unauthorized, /*times=*/1);  // the ingest thread halts
+  ASSERT_TRUE(WaitFor("r", [](const handoff::v1::Progress& p) {
+    return p.state() == handoff::v1::SOURCE_STATE_AUTH_FAILED;
+  }));
+  absl::StatusOr<handoff::v1::Source> started = manager_->StartSource("r");
+  EXPECT_EQ(started.status().code(), absl::StatusCode::kDeadlineExceeded) << started.status();
+  release.Notify();
+  started = manager_->StartSource("r");
+  ASSERT_TRUE(started.ok()) << started.status();
+  // A new worker runs: past the refusal (given once), caught up at c1.
+  ASSERT_TRUE(WaitFor("r", [](const handoff::v1::Progress& p) {
+    return p.state() == handoff::v1::SOURCE_STATE_BACKING_OFF &&
+           p.checkpoint().resume_cursor() == "c1";
+  }));
+  manager_->Shutdown();
 }
 
 TEST_F(ManagerTest, UpdateSourceAppliesSafeChangesAndRefusesOthersNamingThem) {

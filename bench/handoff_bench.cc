@@ -7,7 +7,7 @@
 //
 // The parent process hosts the provider simulator and the sample sink; each measurement
 // (a probe, probes.h) runs in a child process of this same binary, so its peak RSS
-// (wait4's ru_maxrss) and CPU time are Handoff's alone. Scenario 5 (memory) is built from
+// (its own VmHWM, which it reports) and CPU time are Handoff's alone. Scenario 5 (memory) is built from
 // the peaks of the ingest children. `--probe=NAME` runs one probe and prints its JSON.
 #include <signal.h>
 #include <spawn.h>
@@ -72,6 +72,7 @@ ABSL_FLAG(int64_t, events, 0, "");
 ABSL_FLAG(int64_t, rows, 0, "");
 ABSL_FLAG(double, window_s, 5, "");
 ABSL_FLAG(int, logs_per_block, 10, "");
+ABSL_FLAG(bool, deferred_sync, true, "");
 
 namespace handoff::bench {
 namespace {
@@ -130,7 +131,8 @@ class Runner {
         absl::StrCat("--events=", a.events),
         absl::StrCat("--rows=", a.rows),
         absl::StrCat("--window_s=", a.window_s),
-        absl::StrCat("--logs_per_block=", a.logs_per_block)};
+        absl::StrCat("--logs_per_block=", a.logs_per_block),
+        absl::StrCat("--deferred_sync=", a.deferred_sync ? "true" : "false")};
     std::vector<char*> argv;
     for (std::string& s : args) argv.push_back(s.data());
     argv.push_back(nullptr);
@@ -165,7 +167,10 @@ class Runner {
     std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
     if (!lines.empty()) r = json::parse(lines.back(), nullptr, false);
     if (!r.is_object()) r = json{{"error", absl::StrCat("child exited with status ", status)}};
-    r["peak_rss_mb"] = ru.ru_maxrss / 1024.0;
+    // The child's own peak (VmHWM); ru_maxrss holds this process's peak too (posix_spawn
+    // vforks, and exec folds the parent's peak into the child's), kept for reference.
+    r["peak_rss_mb"] = r.value("self_peak_rss_mb", ru.ru_maxrss / 1024.0);
+    r["wait4_maxrss_mb"] = ru.ru_maxrss / 1024.0;
     const ProcessUsage child = UsageOf(ru);
     r["child_cpu_seconds"] = child.cpu_seconds;
     r["child_context_switches"] = child.context_switches;
@@ -377,6 +382,13 @@ int RunAll() {
     bare.events = e1000;
     bare.logs_per_block = kLogsPerBlock;
     KeepBest(&res.raw["bare_rocks"], run.Spawn(bare));
+    if (wanted(1)) {
+      // Context: the same loop syncing each batch as it is written (the issue's
+      // orientation figures; the engine groups its syncs instead).
+      ProbeArgs synced = bare;
+      synced.deferred_sync = false;
+      res.raw["bare_rocks_synced_batches"] = run.Spawn(synced);
+    }
     for (int page : {1000, 100}) {
       ProbeArgs alone;
       alone.probe = "sim_alone";
@@ -494,8 +506,8 @@ int RunAll() {
     a.window_s = z.admin_window;
     a.events = RoundToBlocks(z.admin_events);
     // The tail is this VM's wake-ups (bench/HISTORY.md 100): each configuration runs
-    // kGoalRuns times, interleaved, and keeps its run with the lowest p99 (every run's
-    // p99 stays in report.json), as the rates above keep their best.
+    // kGoalRuns times, interleaved; the report shows the run with the lowest p99 and
+    // judges the goal on the median run's p99 (every run's stays in report.json).
     for (int round = 0; round < (smoke ? 1 : kGoalRuns); ++round) {
       a.mode = "default";
       KeepBest(&res.raw["admin"], run.WithSim(a, a.events, 16), kLowestP99);
@@ -512,6 +524,9 @@ int RunAll() {
   if (wanted(7) || wanted(5)) {
     ProbeArgs a;
     a.probe = "idle";
+    // handoffd itself (health reporter, gRPC server and metrics included); the
+    // in-process engine only when no binary is given.
+    a.handoffd = run.handoffd().empty() ? "" : fs::absolute(run.handoffd()).string();
     a.sources = z.idle_sources;
     a.window_s = z.idle_window;
     a.events = 100;
@@ -552,7 +567,10 @@ int RunChild() {
   a.rows = absl::GetFlag(FLAGS_rows);
   a.window_s = absl::GetFlag(FLAGS_window_s);
   a.logs_per_block = absl::GetFlag(FLAGS_logs_per_block);
+  a.deferred_sync = absl::GetFlag(FLAGS_deferred_sync);
   json r = RunProbe(a);
+  // Its own peak, which wait4's ru_maxrss is not (PeakRssMb).
+  if (r.is_object() && !r.contains("self_peak_rss_mb")) r["self_peak_rss_mb"] = PeakRssMb();
   std::printf("%s\n", r.dump().c_str());
   std::fflush(stdout);
   return r.contains("error") ? 1 : 0;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -44,6 +45,7 @@
 #include "store/records.pb.h"
 #include "store/row_codec.h"
 #include "store/store.h"
+#include "store/wal_syncer.h"
 
 extern char** environ;
 
@@ -64,6 +66,15 @@ ProcessUsage UsageOf(const rusage& ru) {
   return ProcessUsage{ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
                           (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6,
                       ru.ru_nvcsw + ru.ru_nivcsw, ru.ru_minflt};
+}
+
+double PeakRssMb() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtod(line.c_str() + 6, nullptr) / 1024.0;
+  }
+  return 0;
 }
 
 ProcessUsage ReadProcessUsage() {
@@ -448,7 +459,23 @@ json BareRocks(const ProbeArgs& a) {
     if (ro.families[i].name == "checkpoints") cp_cf = handles[i];
   }
   rocksdb::WriteOptions wo;
-  wo.sync = a.sync;
+  // The engine's policy (store::Store's deferred commits and WalSyncer, SourceWorker's
+  // limit of unsynced pages): the writes return unsynced and one background fsync,
+  // paced as the store's, covers every batch written before it began; a writer keeps at
+  // most max_unsynced_pages batches unsynced, and a batch counts once its sync is done.
+  const bool deferred = a.sync && a.deferred_sync;
+  wo.sync = a.sync && !deferred;
+  const size_t max_unsynced =
+      static_cast<size_t>(std::max(1, consumer::WorkerOptions().max_unsynced_pages));
+  std::unique_ptr<store::WalSyncer> syncer;
+  if (deferred) {
+    syncer = std::make_unique<store::WalSyncer>(
+        [&db]() -> absl::Status {
+          rocksdb::Status s = db->SyncWAL();
+          return s.ok() ? absl::OkStatus() : absl::InternalError(s.ToString());
+        },
+        store::StoreOptions().wal_sync_interval);
+  }
   // One writer thread per source, each writing its own key range (as the engine's
   // sources do), so that with several sources RocksDB groups their commits and the
   // memtable and the L0 files hold their interleaved ranges.
@@ -467,7 +494,24 @@ json BareRocks(const ProbeArgs& a) {
     size_t written = 0;
     int64_t done = 0;
     std::string key;
+    std::deque<store::SyncTicket> unsynced;
+    auto settle = [&](size_t keep) {
+      while (!unsynced.empty() &&
+             (unsynced.size() > keep || syncer->IsSynced(unsynced.front()))) {
+        absl::Status st = syncer->Await(unsynced.front());
+        if (!st.ok()) return st;
+        unsynced.pop_front();
+      }
+      return absl::OkStatus();
+    };
     while (done < per_writer) {
+      if (syncer != nullptr) {
+        if (absl::Status st = settle(max_unsynced - 1); !st.ok()) {
+          absl::MutexLock lock(&error_mu);
+          error = st.ToString();
+          return;
+        }
+      }
       rocksdb::WriteBatch batch;
       for (int k = 0; k < per_batch && done < per_writer; ++k, ++done) {
         const std::string& v = rows[done % rows.size()];
@@ -488,6 +532,14 @@ json BareRocks(const ProbeArgs& a) {
         error = ws.ToString();
         return;
       }
+      if (syncer != nullptr) unsynced.push_back(syncer->Written());
+    }
+    if (syncer != nullptr) {
+      if (absl::Status st = settle(0); !st.ok()) {
+        absl::MutexLock lock(&error_mu);
+        error = st.ToString();
+        return;
+      }
     }
     bytes += written;
   };
@@ -500,12 +552,16 @@ json BareRocks(const ProbeArgs& a) {
   const int64_t done = per_writer * writers;
   if (!error.empty()) return Error(absl::StrCat("write: ", error));
   const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+  const uint64_t syncs = syncer != nullptr ? syncer->syncs() : 0;
+  syncer.reset();
   for (auto* h : handles) db->DestroyColumnFamilyHandle(h);
   db->Close().PermitUncheckedError();
   return json{{"events", done},
               {"seconds", secs},
               {"events_per_s", done / secs},
               {"sources", writers},
+              {"deferred_sync", deferred},
+              {"wal_syncs", syncs},
               {"row_bytes", bytes.load() / std::max<int64_t>(1, done)},
               {"mb_per_s", bytes.load() / secs / 1e6}};
 }
@@ -961,50 +1017,71 @@ int RealtimeThreads(pid_t pid) {
   return n;
 }
 
+// A handoffd process a probe measures: started with handoffd's defaults plus `extra`
+// flags, its gRPC port read from its port file; stopped (SIGTERM) and reaped on
+// destruction.
+class HandoffdProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<HandoffdProcess>> Start(
+      const ProbeArgs& a, const std::vector<std::string>& extra) {
+    fs::create_directories(a.dir + "/handoffd");
+    const std::string port_file = a.dir + "/handoffd/ports";
+    std::vector<std::string> args = {a.handoffd,
+                                      "--listen=127.0.0.1:0",
+                                      "--port_file=" + port_file,
+                                      "--data_dir=" + a.dir + "/handoffd",
+                                      "--insecure_disable_auth",
+                                      "--log_level=error"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
+      return absl::UnavailableError("cannot start handoffd");
+    }
+    auto process = std::unique_ptr<HandoffdProcess>(new HandoffdProcess(pid));
+    for (int i = 0; i < 1500 && process->port_ == 0; ++i) {
+      std::ifstream in(port_file);
+      std::string name;
+      int p = 0;
+      while (in >> name >> p) {
+        if (name == "grpc") process->port_ = p;
+      }
+      if (process->port_ == 0) absl::SleepFor(absl::Milliseconds(20));
+    }
+    if (process->port_ == 0) return absl::UnavailableError("handoffd wrote no port file");
+    return process;
+  }
+  ~HandoffdProcess() {
+    kill(pid_, SIGTERM);
+    int st = 0;
+    waitpid(pid_, &st, 0);
+  }
+  pid_t pid() const { return pid_; }
+  std::unique_ptr<handoff::v1::ConsumerAdmin::Stub> Stub() const {
+    return handoff::v1::ConsumerAdmin::NewStub(grpc::CreateChannel(
+        absl::StrCat("127.0.0.1:", port_), grpc::InsecureChannelCredentials()));
+  }
+
+ private:
+  explicit HandoffdProcess(pid_t pid) : pid_(pid) {}
+  const pid_t pid_;
+  int port_ = 0;
+};
+
 json Admin(const ProbeArgs& a) {
   if (a.handoffd.empty() || !fs::exists(a.handoffd)) return AdminInProcess(a);
-  fs::create_directories(a.dir + "/handoffd");
-  const std::string port_file = a.dir + "/handoffd/ports";
-  std::vector<std::string> args = {a.handoffd,
-                                    "--listen=127.0.0.1:0",
-                                    "--port_file=" + port_file,
-                                    "--data_dir=" + a.dir + "/handoffd",
-                                    "--insecure_disable_auth",
-                                    "--log_level=error"};
   // Modes: "default" the defaults (admin threads real-time when permitted) and a caller that
   // stands in for one on another machine; "caller_normal" the same server and a caller
   // sharing the saturated cores at normal priority; "no_rt" admin threads at normal
   // priority (no CAP_SYS_NICE) and a normal caller, as before.
-  if (a.mode == "no_rt") args.push_back("--admin_realtime_priority=0");
-  std::vector<char*> argv;
-  for (std::string& s : args) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
-    return Error("cannot start handoffd");
-  }
-  struct Reaper {
-    pid_t pid;
-    ~Reaper() {
-      kill(pid, SIGTERM);
-      int st = 0;
-      waitpid(pid, &st, 0);
-    }
-  } reaper{pid};
-  int port = 0;
-  for (int i = 0; i < 1500 && port == 0; ++i) {
-    std::ifstream in(port_file);
-    std::string name;
-    int p = 0;
-    while (in >> name >> p) {
-      if (name == "grpc") port = p;
-    }
-    if (port == 0) absl::SleepFor(absl::Milliseconds(20));
-  }
-  if (port == 0) return Error("handoffd wrote no port file");
-  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                     grpc::InsecureChannelCredentials());
-  auto stub = handoff::v1::ConsumerAdmin::NewStub(channel);
+  std::vector<std::string> extra;
+  if (a.mode == "no_rt") extra.push_back("--admin_realtime_priority=0");
+  absl::StatusOr<std::unique_ptr<HandoffdProcess>> handoffd = HandoffdProcess::Start(a, extra);
+  if (!handoffd.ok()) return Error("handoffd", handoffd.status());
+  const pid_t pid = (*handoffd)->pid();
+  auto stub = (*handoffd)->Stub();
   handoff::v1::CreateSourceRequest req;
   *req.mutable_spec() = Spec("admin-0", a, "admin");
   req.set_start(false);
@@ -1084,7 +1161,135 @@ json Admin(const ProbeArgs& a) {
 
 // ---- idle: many sources, nothing new upstream ----
 
+// A process's CPU time (user + system), first page touches and context switches so far,
+// from /proc (another process's: getrusage sees only this one and its reaped children).
+ProcessUsage UsageOfPid(pid_t pid) {
+  ProcessUsage u;
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  // Fields after the command (which may hold spaces) start after the last ')'.
+  const size_t close = text.rfind(')');
+  if (close != std::string::npos) {
+    std::vector<std::string> f = absl::StrSplit(text.substr(close + 2), ' ');
+    // f[0] is field 3 (state): minflt is field 10, utime 14, stime 15.
+    if (f.size() > 12) {
+      const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
+      u.minor_faults = std::strtoll(f[7].c_str(), nullptr, 10);
+      u.cpu_seconds = (std::strtod(f[11].c_str(), nullptr) + std::strtod(f[12].c_str(), nullptr)) /
+                      tick;
+    }
+  }
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("voluntary_ctxt_switches:", 0) == 0 ||
+        line.rfind("nonvoluntary_ctxt_switches:", 0) == 0) {
+      u.context_switches += std::strtoll(line.c_str() + line.find(':') + 1, nullptr, 10);
+    }
+  }
+  return u;
+}
+
+// A `/proc/PID/status` figure in MiB (VmRSS, VmHWM).
+double StatusMb(pid_t pid, const std::string& field) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(field + ":", 0) == 0) {
+      return std::strtod(line.c_str() + field.size() + 1, nullptr) / 1024.0;
+    }
+  }
+  return 0;
+}
+
+// The simulator's requests served so far (its /sim/status), or -1.
+int64_t SimRequests(const std::string& sim_url) {
+  CURL* curl = curl_easy_init();
+  std::string body;
+  curl_easy_setopt(curl, CURLOPT_URL, (sim_url + "/sim/status").c_str());
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &Collect);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &body);
+  const CURLcode rc = curl_easy_perform(curl);
+  curl_easy_cleanup(curl);
+  if (rc != CURLE_OK) return -1;
+  const json status = json::parse(body, nullptr, false);
+  return status.is_object() ? status.value("requests", int64_t{-1}) : -1;
+}
+
+// Idle cost of handoffd itself: everything a production process runs for its sources
+// (workers, the idle poller, the health reporter, the gRPC server, metrics), measured
+// from /proc over the window.
+json IdleHandoffd(const ProbeArgs& a) {
+  absl::StatusOr<std::unique_ptr<HandoffdProcess>> handoffd = HandoffdProcess::Start(a, {});
+  if (!handoffd.ok()) return Error("handoffd", handoffd.status());
+  const pid_t pid = (*handoffd)->pid();
+  auto stub = (*handoffd)->Stub();
+  const double base_rss_mb = StatusMb(pid, "VmRSS");
+  for (int i = 0; i < a.sources; ++i) {
+    handoff::v1::CreateSourceRequest req;
+    *req.mutable_spec() = Spec(absl::StrCat("idle-", i), a, absl::StrCat("s", i));
+    req.set_start(true);
+    handoff::v1::Source created;
+    grpc::ClientContext ctx;
+    grpc::Status gs = stub->CreateSource(&ctx, req, &created);
+    if (!gs.ok()) return Error(absl::StrCat("CreateSource: ", gs.error_message()));
+  }
+  // Caught up: every source applied its events (read through ListSources, 1000 a page).
+  const absl::Time deadline = absl::Now() + absl::Minutes(5);
+  int64_t caught_up = 0;
+  while (absl::Now() < deadline) {
+    caught_up = 0;
+    handoff::v1::ListSourcesRequest list;
+    list.set_page_size(1000);
+    do {
+      handoff::v1::ListSourcesResponse page;
+      grpc::ClientContext ctx;
+      grpc::Status gs = stub->ListSources(&ctx, list, &page);
+      if (!gs.ok()) return Error(absl::StrCat("ListSources: ", gs.error_message()));
+      for (const handoff::v1::Source& src : page.sources()) {
+        if (static_cast<int64_t>(src.progress().counters().applied()) >= a.events) ++caught_up;
+      }
+      list.set_page_token(page.next_page_token());
+    } while (!list.page_token().empty());
+    if (caught_up == a.sources) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  if (caught_up != a.sources) {
+    return Error(absl::StrCat("sources did not catch up: ", caught_up, " of ", a.sources));
+  }
+  // Settle: let every polling worker reach its capped idle backoff, as a long idle
+  // period would (the 0.2 s -> 30 s growth takes ~40 s). SSE workers have no backoff.
+  absl::SleepFor(a.transport == "sse" ? absl::Seconds(5) : absl::Seconds(a.window_s * 3));
+  const ProcessUsage usage0 = UsageOfPid(pid);
+  const int64_t requests0 = SimRequests(a.sim_url);
+  const MachineTicks ticks0 = ReadMachineTicks();
+  const absl::Time t0 = absl::Now();
+  absl::SleepFor(absl::Seconds(a.window_s));
+  const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
+  const ProcessUsage usage1 = UsageOfPid(pid);
+  const int64_t requests = SimRequests(a.sim_url) - requests0;
+  const double cpu = usage1.cpu_seconds - usage0.cpu_seconds;
+  const double per_poll = requests > 0 ? 1.0 / requests : 0.0;
+  json out{{"sources", a.sources},
+           {"process", "handoffd"},
+           {"window_seconds", wall},
+           {"cpu_seconds", cpu},
+           {"core_fraction", cpu / wall},
+           {"polls_per_s", requests / wall},
+           {"cpu_us_per_poll", cpu * 1e6 * per_poll},
+           {"context_switches_per_poll",
+            (usage1.context_switches - usage0.context_switches) * per_poll},
+           {"minor_faults_per_poll", (usage1.minor_faults - usage0.minor_faults) * per_poll},
+           {"steal_fraction", StealFraction(ticks0, ReadMachineTicks())},
+           {"base_rss_mb", base_rss_mb},
+           {"store_ceiling_mb", store::StoreMemoryCeiling(store::StoreOptions()) / double{1 << 20}},
+           // The measured process's peak, not this client's (RunChild keeps it).
+           {"self_peak_rss_mb", StatusMb(pid, "VmHWM")}};
+  return out;
+}
+
 json Idle(const ProbeArgs& a) {
+  if (!a.handoffd.empty() && fs::exists(a.handoffd)) return IdleHandoffd(a);
   CountingObserver obs;
   Engine engine;
   absl::Status s = StartEngine(a.dir + "/db", a.sync, &obs, &engine);

@@ -36,7 +36,16 @@ struct ProbeArgs {
   int logs_per_block = 10;
   int finality_lag = 32;
   bool sync = true;
+  // bare_rocks: the engine's sync policy (writes unsynced, a paced background fsync covers
+  // every batch written before it began, at most WorkerOptions::max_unsynced_pages batches
+  // unsynced per writer); false: every batch synced as it is written.
+  bool deferred_sync = true;
 };
+
+// This process's peak resident set (VmHWM): its own, also when it was started by
+// posix_spawn (whose vfork makes the kernel fold the parent's peak into the child's
+// ru_maxrss at exec).
+double PeakRssMb();
 
 // What a process's threads have done (getrusage): their CPU time (user + system), the
 // times they slept or were preempted, and the pages they touched first.

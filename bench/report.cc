@@ -246,6 +246,10 @@ std::vector<Row> BuildRows(const json& raw, const MemoryBound& bound) {
       r.limit = absl::StrCat("bare RocksDB ", EpsAndCpu(f, "bare_rocks"),
                              RatesNote(f, "bare_rocks"), "; simulator alone ",
                              Eps(page == 1000 ? sim1000 : sim100));
+      if (page == 1000 && raw.contains("bare_rocks_synced_batches")) {
+        absl::StrAppend(&r.limit, "; bare RocksDB syncing every batch as written (context) ",
+                        Eps(f.Get("bare_rocks_synced_batches", "events_per_s")));
+      }
       r.ratio = Num(ratio);
       if (page == 1000) {
         r.goal = ">= 150k ev/s and >= 0.80 of bare RocksDB";
@@ -411,9 +415,20 @@ std::vector<Row> BuildRows(const json& raw, const MemoryBound& bound) {
     r.what = absl::StrCat("GetProgress while ingesting (",
                           p.value("transport", std::string("n/a")), ", ingest ",
                           Eps(f.Get(probe, "ingest_events_per_s")), "; ", setup, ")");
+    // An absolute threshold: the verdict takes the median run's p99 (the lowest of
+    // several would favour "yes"), and needs ingest to have run through the window.
+    std::vector<double> each = f.Each(probe, "p99_ms");
+    std::optional<double> median = p99;
+    if (!each.empty()) {
+      std::sort(each.begin(), each.end());
+      median = each[each.size() / 2];
+    }
+    const bool ingesting = raw.contains(probe) && raw[probe].value("ingest_still_running", false);
     r.measured = absl::StrCat(
         "p50 ", Num(p50, "%.3f"), " ms, p99 ", Num(p99, "%.3f"), " ms",
-        BestOfNote(f, probe, "p99_ms", 1, "%.2f", " ms (p99; the lowest kept)"));
+        BestOfNote(f, probe, "p99_ms", 1, "%.2f", " ms (p99; the lowest shown)"),
+        "; median p99 ", Num(median, "%.3f"), " ms",
+        ingesting ? "" : "; ingest ended inside the window");
     r.limit = "-";
     if (raw.contains(probe) && raw[probe].contains("idle_server")) {
       const json& idle = raw[probe]["idle_server"];
@@ -428,8 +443,10 @@ std::vector<Row> BuildRows(const json& raw, const MemoryBound& bound) {
       }
     }
     r.ratio = "-";
-    r.goal = name == "admin" ? "p99 < 2 ms" : "p99 < 2 ms (context)";
-    r.met = YesNo(p99 ? std::optional<bool>(*p99 < 2.0) : std::nullopt);
+    r.goal = name == "admin" ? "median run's p99 < 2 ms" : "p99 < 2 ms (context)";
+    r.met = name != "admin" ? "-"
+                            : YesNo(median ? std::optional<bool>(*median < 2.0 && ingesting)
+                                           : std::nullopt);
     rows.push_back(r);
   }
   for (const char* probe : {"idle_sse", "idle"}) {
@@ -439,8 +456,12 @@ std::vector<Row> BuildRows(const json& raw, const MemoryBound& bound) {
     const auto steal = f.Get(probe, "steal_fraction");
     Row r;
     r.scenario = "7 idle cost";
+    const bool handoffd =
+        raw.contains(probe) && raw[probe].value("process", std::string()) == "handoffd";
     r.what = absl::StrCat(Num(f.Get(probe, "sources"), "%.0f"), sse ? " SSE" : " polling",
-                          " sources, nothing new upstream (CPU over ",
+                          " sources, nothing new upstream (",
+                          handoffd ? "handoffd's CPU, every thread" : "in-process engine",
+                          ", over ",
                           Num(f.Get(probe, "window_seconds"), "%.0f"), " s; ",
                           sse ? "heartbeat frames only"
                               : absl::StrCat(Num(f.Get(probe, "polls_per_s"), "%.1f"),
@@ -571,8 +592,13 @@ absl::Status WriteReport(const Results& res, const std::string& out_dir) {
         "with handoffd's `HttpProvider`; events/s = events durably committed / time from "
         "StartSource to the last commit. Bare RocksDB: the same rows (simulator logs as "
         "stored rows, `store/row_codec.h`; keys from `store/keys.h`), "
-        "`store::StoreRocksOptions`, sync on, one WriteBatch per 1000 rows plus the "
-        "checkpoint. Simulator alone: one libcurl "
+        "`store::StoreRocksOptions`, one WriteBatch per 1000 rows plus the checkpoint, "
+        "synced with the engine's policy: written unsynced, one background fsync paced as "
+        "the store's (`store::WalSyncer`, 5 ms) covers every batch written before it began, "
+        "at most 4 batches unsynced per writer (`WorkerOptions::max_unsynced_pages`), and "
+        "the run ends when the last batch is synced (before round 36 each batch was synced "
+        "as written, a slower limit; that figure is kept as context). Simulator alone: one "
+        "libcurl "
         "client following `next`, body discarded. The simulator's SSE bodies end with the "
         "connection (HTTP/1.1 close-delimited) rather than chunked, which cost it ~30% more "
         "CPU on the shared cores; the client reads both (`http_provider_test`). The "
@@ -590,14 +616,20 @@ absl::Status WriteReport(const Results& res, const std::string& out_dir) {
         "delivered from the outbox (blocks <= head - 32).\n"
         "- Recovery: the data set (one SST per source, bulk-ingested) is cached under the "
         "bench data dir; each run points the sources at this run's simulator and rewinds "
-        "them, then times Store::Open + SourceManager::Create + Recover + the first commit.\n"
+        "them, then times Store::Open + SourceManager::Create + Recover + the first commit. "
+        "Its limits: the store was just opened and closed (a warm page cache), its memtables "
+        "are flushed (no WAL to replay, as after a clean shutdown; a crash leaves up to "
+        "--write_buffer_mb of WAL per column family to replay), and the process is already "
+        "running (its own start, ~0.1 s for handoffd, is not counted).\n"
         "- Admin: handoffd (`--insecure_disable_auth`); one GetProgress per millisecond over "
         "loopback gRPC, first for up to 3 s with the source created but not started (the "
-        "machine's floor), then while it ingests at full speed; the run with the lowest p99 "
-        "under ingest is kept, with its own idle floor and steal.\n"
-        "- Idle: getrusage(utime+stime) of the Handoff process over the window, after "
+        "machine's floor), then while it ingests at full speed (the run must still be "
+        "ingesting at its end); three runs, the one with the lowest p99 is shown with its "
+        "own idle floor and steal, and the goal is judged on the median run's p99.\n"
+        "- Idle: handoffd's CPU over the window (/proc/PID/stat utime+stime, every thread: "
+        "workers, idle poller, health reporter, gRPC server, metrics), after "
         "every source caught up; polling: after its idle backoff reached the cap (3 windows), "
-        "polls counted at the provider interface, and the simulator closes a connection "
+        "polls counted by the simulator (its /sim/status), and the simulator closes a connection "
         "idle for 1 s (every idle poll opens a new one; kept alive, cpp-httplib's wait "
         "for the next request polls each connection every ~10 ms, which with 1000 "
         "connections saturated this machine); SSE: the window spans a whole 30 s "

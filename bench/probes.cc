@@ -1216,6 +1216,24 @@ int64_t SimRequests(const std::string& sim_url) {
   return status.is_object() ? status.value("requests", int64_t{-1}) : -1;
 }
 
+// An idle window's figures: CPU over the window, and per poll what it cost besides
+// instructions (wake-ups and first touches), with the hypervisor's share meanwhile.
+json IdleFigures(int sources, double wall, const ProcessUsage& usage0,
+                 const ProcessUsage& usage1, int64_t polls, const MachineTicks& ticks0) {
+  const double cpu = usage1.cpu_seconds - usage0.cpu_seconds;
+  const double per_poll = polls > 0 ? 1.0 / polls : 0.0;
+  return json{{"sources", sources},
+              {"window_seconds", wall},
+              {"cpu_seconds", cpu},
+              {"core_fraction", cpu / wall},
+              {"polls_per_s", polls / wall},
+              {"cpu_us_per_poll", cpu * 1e6 * per_poll},
+              {"context_switches_per_poll",
+               (usage1.context_switches - usage0.context_switches) * per_poll},
+              {"minor_faults_per_poll", (usage1.minor_faults - usage0.minor_faults) * per_poll},
+              {"steal_fraction", StealFraction(ticks0, ReadMachineTicks())}};
+}
+
 // Idle cost of handoffd itself: everything a production process runs for its sources
 // (workers, the idle poller, the health reporter, the gRPC server, metrics), measured
 // from /proc over the window.
@@ -1268,23 +1286,12 @@ json IdleHandoffd(const ProbeArgs& a) {
   const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
   const ProcessUsage usage1 = UsageOfPid(pid);
   const int64_t requests = SimRequests(a.sim_url) - requests0;
-  const double cpu = usage1.cpu_seconds - usage0.cpu_seconds;
-  const double per_poll = requests > 0 ? 1.0 / requests : 0.0;
-  json out{{"sources", a.sources},
-           {"process", "handoffd"},
-           {"window_seconds", wall},
-           {"cpu_seconds", cpu},
-           {"core_fraction", cpu / wall},
-           {"polls_per_s", requests / wall},
-           {"cpu_us_per_poll", cpu * 1e6 * per_poll},
-           {"context_switches_per_poll",
-            (usage1.context_switches - usage0.context_switches) * per_poll},
-           {"minor_faults_per_poll", (usage1.minor_faults - usage0.minor_faults) * per_poll},
-           {"steal_fraction", StealFraction(ticks0, ReadMachineTicks())},
-           {"base_rss_mb", base_rss_mb},
-           {"store_ceiling_mb", store::StoreMemoryCeiling(store::StoreOptions()) / double{1 << 20}},
-           // The measured process's peak, not this client's (RunChild keeps it).
-           {"self_peak_rss_mb", StatusMb(pid, "VmHWM")}};
+  json out = IdleFigures(a.sources, wall, usage0, usage1, requests, ticks0);
+  out["process"] = "handoffd";
+  out["base_rss_mb"] = base_rss_mb;
+  out["store_ceiling_mb"] = store::StoreMemoryCeiling(store::StoreOptions()) / double{1 << 20};
+  // The measured process's peak, not this client's (RunChild keeps it).
+  out["self_peak_rss_mb"] = StatusMb(pid, "VmHWM");
   return out;
 }
 
@@ -1316,21 +1323,8 @@ json Idle(const ProbeArgs& a) {
   absl::SleepFor(absl::Seconds(a.window_s));
   const double wall = absl::ToDoubleSeconds(absl::Now() - t0);
   const ProcessUsage usage1 = ReadProcessUsage();
-  const double cpu = usage1.cpu_seconds - usage0.cpu_seconds;
-  const int64_t fetches = g_fetches.load() - fetches0;
-  const double per_poll = fetches > 0 ? 1.0 / fetches : 0.0;
-  json out{{"sources", a.sources},
-            {"window_seconds", wall},
-            {"cpu_seconds", cpu},
-            {"core_fraction", cpu / wall},
-            {"polls_per_s", fetches / wall},
-            {"cpu_us_per_poll", cpu * 1e6 * per_poll},
-            // What a poll costs besides instructions: wake-ups and first touches, and
-            // the hypervisor's share of the machine meanwhile.
-            {"context_switches_per_poll",
-             (usage1.context_switches - usage0.context_switches) * per_poll},
-            {"minor_faults_per_poll", (usage1.minor_faults - usage0.minor_faults) * per_poll},
-            {"steal_fraction", StealFraction(ticks0, ReadMachineTicks())}};
+  json out =
+      IdleFigures(a.sources, wall, usage0, usage1, g_fetches.load() - fetches0, ticks0);
   out.update(MemoryTerms(engine, a));
   return out;
 }

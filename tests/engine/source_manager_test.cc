@@ -168,6 +168,15 @@ class ManagerTest : public ::testing::Test {
     r.set_hold_version(1);
     return r;
   }
+  // Waits until `id`'s checkpoint resumes at `cursor`; its progress then.
+  handoff::v1::Progress WaitForCursor(const std::string& id, const std::string& cursor) {
+    EXPECT_TRUE(WaitFor(id, [&](const handoff::v1::Progress& pr) {
+      return pr.checkpoint().resume_cursor() == cursor;
+    })) << id << " never resumed at " << cursor;
+    absl::StatusOr<handoff::v1::Progress> pr = manager_->GetProgress(id);
+    EXPECT_TRUE(pr.ok()) << pr.status();
+    return pr.ok() ? *pr : handoff::v1::Progress();
+  }
   bool WaitFor(const std::string& id, const std::function<bool(const handoff::v1::Progress&)>& f,
                absl::Duration timeout = absl::Seconds(10)) {
     const absl::Time deadline = absl::Now() + timeout;
@@ -374,13 +383,9 @@ TEST_F(ManagerTest, RunsStopsAndResumesFromTheCheckpointAfterRestart) {
   EXPECT_EQ(manager_->DeleteSource("a").code(), absl::StatusCode::kFailedPrecondition);
   Restart();
   p.SetPage("c1", MakePage(102, 102, {MakeRow(102)}, "c2"));
-  ASSERT_TRUE(WaitFor("a", [](const handoff::v1::Progress& pr) {
-    return pr.checkpoint().resume_cursor() == "c2";
-  }));
-  absl::StatusOr<handoff::v1::Progress> pr = manager_->GetProgress("a");
-  ASSERT_TRUE(pr.ok());
-  EXPECT_EQ(pr->counters().applied(), 3u);
-  EXPECT_EQ(pr->checkpoint().applied_block(), 102u);
+  const handoff::v1::Progress pr = WaitForCursor("a", "c2");
+  EXPECT_EQ(pr.counters().applied(), 3u);
+  EXPECT_EQ(pr.checkpoint().applied_block(), 102u);
   // A requested cursor never skips: the provider saw 100, c1 (maybe repeatedly), c2.
   for (const std::string& c : p.requested()) EXPECT_TRUE(c == "100" || c == "c1" || c == "c2") << c;
 
@@ -954,13 +959,9 @@ TEST_F(ManagerTest, AWorkerKilledRightAfterAFetchResumesAtTheRequestCursor) {
     EXPECT_EQ(cp->resume_cursor(), "c1");
   }
   Open();  // a fresh engine over the database reopened from disk
-  ASSERT_TRUE(WaitFor("k", [](const handoff::v1::Progress& pr) {
-    return pr.checkpoint().resume_cursor() == "c2";
-  }));
-  absl::StatusOr<handoff::v1::Progress> pr = manager_->GetProgress("k");
-  ASSERT_TRUE(pr.ok());
-  EXPECT_EQ(pr->counters().applied(), 4u);
-  EXPECT_EQ(pr->checkpoint().applied_block(), 103u);
+  const handoff::v1::Progress pr = WaitForCursor("k", "c2");
+  EXPECT_EQ(pr.counters().applied(), 4u);
+  EXPECT_EQ(pr.checkpoint().applied_block(), 103u);
 }
 
 TEST_F(ManagerTest, ACaughtUpSourceReportsOneStateChangeNotTwoPerEmptyPoll) {

@@ -97,6 +97,17 @@ std::unique_ptr<HttpProvider> Make(HttpProviderOptions o) {
   return p.ok() ? *std::move(p) : nullptr;
 }
 
+// A server that answers every connection with `response`, whole.
+ScriptedServer::Script Answer(std::string response) {
+  return [response = std::move(response)](ScriptedServer::Conn& c) { c.Send(response); };
+}
+
+// One polled fetch at "1200" from `server`.
+FetchResult PollOnce(const ScriptedServer& server) {
+  std::unique_ptr<HttpProvider> p = Make(Options(server, handoff::v1::TRANSPORT_POLL));
+  return p->Fetch("1200");
+}
+
 std::string Describe(const FetchResult& r) {
   if (r.page) return absl::StrCat("page with ", r.page->items.size(), " items");
   return absl::StrCat("refusal kind=", static_cast<int>(r.refusal->kind), " status=",
@@ -400,13 +411,10 @@ TEST(HostileProviderTest, RetryAfterAsAnHttpDate) {
   const absl::Time when = absl::Now() + absl::Seconds(30);
   const std::string date = absl::FormatTime("%a, %d %b %Y %H:%M:%S GMT", when, absl::UTCTimeZone());
   const std::string body = R"({"error":"rate_limited","details":{"message":"slow down"}})";
-  ScriptedServer server([&](ScriptedServer::Conn& c) {
-    c.Send(ResponseHead("429 Too Many Requests", "application/json", body.size(),
-                        absl::StrCat("Retry-After: ", date, "\r\n")) +
-           body);
-  });
-  std::unique_ptr<HttpProvider> p = Make(Options(server, handoff::v1::TRANSPORT_POLL));
-  FetchResult r = p->Fetch("1200");
+  const std::string retry_after = absl::StrCat("Retry-After: ", date, "\r\n");
+  ScriptedServer server(Answer(
+      ResponseHead("429 Too Many Requests", "application/json", body.size(), retry_after) + body));
+  FetchResult r = PollOnce(server);
   SCOPED_TRACE(Describe(r));
   ASSERT_TRUE(r.refusal.has_value());
   EXPECT_EQ(r.refusal->kind, RefusalKind::kRetryAfter);
@@ -514,12 +522,10 @@ TEST(HostileProviderTest, RedirectIsNotFollowed) {
 TEST(HostileProviderTest, GzipBombIsNotDecoded) {
   const std::string bomb = ReadFile(absl::StrCat(kCorpus, "/gzip_bomb.gz"));
   ASSERT_GT(bomb.size(), 1000u);
-  ScriptedServer server([&](ScriptedServer::Conn& c) {
-    c.Send(ResponseHead("200 OK", "application/json", bomb.size(), "Content-Encoding: gzip\r\n") +
-           bomb);
-  });
-  std::unique_ptr<HttpProvider> p = Make(Options(server, handoff::v1::TRANSPORT_POLL));
-  FetchResult r = p->Fetch("1200");
+  ScriptedServer server(
+      Answer(ResponseHead("200 OK", "application/json", bomb.size(), "Content-Encoding: gzip\r\n") +
+             bomb));
+  FetchResult r = PollOnce(server);
   SCOPED_TRACE(Describe(r));
   ASSERT_TRUE(r.refusal.has_value());
   EXPECT_EQ(r.refusal->kind, RefusalKind::kMalformedPage);

@@ -359,8 +359,13 @@ std::vector<Row> BuildRows(const json& raw, const MemoryBound& bound) {
     r.scenario = "4 recovery";
     r.what = absl::StrCat("start to first new commit, ", Num(f.Get("recovery", "sources"), "%.0f"),
                           " sources, ", Num(f.Get("recovery", "receipts"), "%.0f"),
-                          " receipts on disk (open ",
-                          Num(f.Get("recovery", "open_seconds"), "%.3f"),
+                          " receipts on disk",
+                          f.Get("recovery", "wal_rows_replayed")
+                              ? absl::StrCat(", ", Num(f.Get("recovery", "wal_rows_replayed"),
+                                                       "%.0f"),
+                                             " rows in the WAL to replay")
+                              : std::string(),
+                          " (open ", Num(f.Get("recovery", "open_seconds"), "%.3f"),
                           " s, Recover done ", Num(f.Get("recovery", "recover_seconds"), "%.3f"),
                           " s)");
     r.measured = v ? absl::StrFormat("%.3f s", *v) : "n/a";
@@ -616,11 +621,12 @@ absl::Status WriteReport(const Results& res, const std::string& out_dir) {
         "delivered from the outbox (blocks <= head - 32).\n"
         "- Recovery: the data set (one SST per source, bulk-ingested) is cached under the "
         "bench data dir; each run points the sources at this run's simulator and rewinds "
-        "them, then times Store::Open + SourceManager::Create + Recover + the first commit. "
-        "Its limits: the store was just opened and closed (a warm page cache), its memtables "
-        "are flushed (no WAL to replay, as after a clean shutdown; a crash leaves up to "
-        "--write_buffer_mb of WAL per column family to replay), and the process is already "
-        "running (its own start, ~0.1 s for handoffd, is not counted).\n"
+        "them, and leaves the last 1500 rows of each source in the write-ahead log, unflushed, "
+        "as a crash mid-ingest does (~50 MB, most of a 64 MiB memtable: the open replays them "
+        "and flushes them to L0); then times Store::Open + SourceManager::Create + Recover + "
+        "the first commit. Its limits: the store was just prepared (a warm page cache), and "
+        "the process is already running (its own start, ~0.1 s for handoffd, is not "
+        "counted).\n"
         "- Admin: handoffd (`--insecure_disable_auth`); one GetProgress per millisecond over "
         "loopback gRPC, first for up to 3 s with the source created but not started (the "
         "machine's floor), then while it ingests at full speed (the run must still be "

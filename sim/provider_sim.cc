@@ -196,6 +196,7 @@ std::string ProviderSim::EncodeCursor(absl::string_view source, absl::string_vie
 }
 
 void ProviderSim::Record(RequestRecord record) {
+  record.at = absl::Now();
   absl::MutexLock lock(&mu_);
   requests_.push_back(std::move(record));
   if (requests_.size() > kMaxRecords) requests_.pop_front();

@@ -118,6 +118,8 @@ struct RequestRecord {
   int status = 0;
   // The client's TCP port: requests with the same port came over one connection.
   int remote_port = 0;
+  // When the simulator recorded it (as the request was answered).
+  absl::Time at;
 };
 
 // For a process whose main job is serving pages (the simulator binary, the benchmark

@@ -31,6 +31,17 @@ std::vector<std::string> Journal::AllCursors() const {
   return out;
 }
 
+std::optional<absl::Time> Journal::FirstFetchOf(const std::string& cursor) const {
+  absl::MutexLock lock(&mu_);
+  std::optional<absl::Time> first;
+  for (const auto& [id, records] : records_) {
+    for (const FetchRecord& r : records) {
+      if (r.cursor == cursor && (!first || r.started < *first)) first = r.started;
+    }
+  }
+  return first;
+}
+
 consumer::FetchResult RecordingProvider::Fetch(const std::string& committed_cursor) {
   FetchRecord r;
   r.cursor = committed_cursor;
@@ -340,6 +351,11 @@ void ProviderRigTest::ExpectStreamsResumedFromCommittedCursors() {
     EXPECT_TRUE(fetched.count(r.last_event_id) == 1)
         << "a stream resumed from " << r.last_event_id
         << ", a cursor the engine never committed";
+    // Committed before the stream asked for it: an id the reader had only received (its
+    // page not yet durable) would be fetched, if ever, only later.
+    const std::optional<absl::Time> fetched_at = journal_.FirstFetchOf(r.last_event_id);
+    EXPECT_TRUE(fetched_at.has_value() && *fetched_at <= r.at)
+        << "a stream resumed from " << r.last_event_id << " before the engine committed it";
   }
 }
 

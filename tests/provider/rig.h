@@ -68,6 +68,9 @@ class Journal {
   std::vector<FetchRecord> Of(const std::string& id) const ABSL_LOCKS_EXCLUDED(mu_);
   // Every cursor the engine passed to Fetch, any source.
   std::vector<std::string> AllCursors() const ABSL_LOCKS_EXCLUDED(mu_);
+  // When the engine first passed `cursor` to Fetch (any source), if it did.
+  std::optional<absl::Time> FirstFetchOf(const std::string& cursor) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   mutable absl::Mutex mu_;

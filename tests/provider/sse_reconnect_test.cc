@@ -66,6 +66,30 @@ TEST_P(SseReconnectTest, ReconnectsFromTheCommittedCursor) {
 // (WorkerOptions::max_unsynced_pages); at the head the next Fetch waits for a block
 // that may be minutes away, so the last pages must be published before that wait, not
 // after it.
+// A drop in the middle of a catch-up, while the reader holds frames received ahead of
+// what is committed: the new stream starts from the committed cursor, not from the last
+// id received (every stream request's Last-Event-ID was passed to Fetch, i.e. committed,
+// before the stream asked for it), and nothing is lost or repeated.
+TEST_F(ProviderRigTest, ADropMidCatchUpResumesFromTheCommittedCursor) {
+  const std::string id = "catching-up";
+  sim().chain().AddBlocks(3000);  // a long catch-up: one block a page
+  Create(Spec(id, handoff::v1::TRANSPORT_SSE, 0, /*page_limit=*/3));
+  handoff::v1::Progress armed_at;
+  ASSERT_TRUE(WaitFor(
+      id, [](const handoff::v1::Progress& p) { return p.checkpoint().applied_block() >= 100; },
+      absl::Seconds(20), &armed_at));
+  const size_t streams = StreamRequests().size();
+  sim().ArmFault(Fault::kDropConnection);
+  ASSERT_TRUE(WaitFor(id, [&](const handoff::v1::Progress&) {
+    return StreamRequests().size() > streams;
+  })) << "the stream was not dropped";
+  ASSERT_TRUE(WaitCaughtUp(id, absl::Seconds(60)));
+  EXPECT_LT(armed_at.checkpoint().applied_block(), head()) << "dropped at the head, not mid-way";
+  ExpectStreamsResumedFromCommittedCursors();
+  ExpectRowsCanonical(id, 0, head());
+  EXPECT_EQ(Progress(id).counters().applied(), (head() + 1) * 3);
+}
+
 TEST_F(ProviderRigTest, AStreamAtTheHeadPublishesItsLastPageWithoutWaitingForTheNext) {
   sim::ProviderSimOptions o = DefaultSimOptions();
   o.heartbeat = absl::Hours(1);  // nothing but pages ends the stream's wait

@@ -964,6 +964,32 @@ TEST_F(ManagerTest, AWorkerKilledRightAfterAFetchResumesAtTheRequestCursor) {
   EXPECT_EQ(pr.checkpoint().applied_block(), 103u);
 }
 
+// Shutdown begins while a StartSource is making its worker: the start is refused
+// (UNAVAILABLE) rather than leaving a worker that nothing stops (Shutdown would join it
+// forever).
+TEST_F(ManagerTest, AStartRacingShutdownIsRefusedAndShutdownEnds) {
+  ASSERT_TRUE(Create(Spec("late"), false).ok());
+  std::thread shutdown;
+  absl::Notification shut;
+  on_provider_ = [&](const std::string&) {
+    // Inside StartSource (which holds ops_mu_ shared): Shutdown starts, marks the manager
+    // closed, and waits for this operation.
+    shutdown = std::thread([&] {
+      manager_->Shutdown();
+      shut.Notify();
+    });
+    while (manager_->CreateSource(handoff::v1::CreateSourceRequest()).status().code() !=
+           absl::StatusCode::kUnavailable) {
+      std::this_thread::yield();
+    }
+  };
+  absl::StatusOr<handoff::v1::Source> started = manager_->StartSource("late");
+  on_provider_ = nullptr;
+  EXPECT_EQ(started.status().code(), absl::StatusCode::kUnavailable) << started.status();
+  EXPECT_TRUE(shut.WaitForNotificationWithTimeout(absl::Seconds(30))) << "Shutdown hangs";
+  shutdown.join();
+}
+
 TEST_F(ManagerTest, ACaughtUpSourceReportsOneStateChangeNotTwoPerEmptyPoll) {
   StateLog log;
   observer_ = &log;

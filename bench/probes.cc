@@ -1097,6 +1097,19 @@ class HandoffdProcess {
   int port_ = 0;
 };
 
+// CreateSource over `stub`; the error as a probe reports it.
+std::optional<json> CreateOver(handoff::v1::ConsumerAdmin::Stub* stub,
+                               const handoff::v1::SourceSpec& spec, bool start) {
+  handoff::v1::CreateSourceRequest req;
+  *req.mutable_spec() = spec;
+  req.set_start(start);
+  handoff::v1::Source created;
+  grpc::ClientContext ctx;
+  grpc::Status gs = stub->CreateSource(&ctx, req, &created);
+  if (!gs.ok()) return Error(absl::StrCat("CreateSource: ", gs.error_message()));
+  return std::nullopt;
+}
+
 json Admin(const ProbeArgs& a) {
   if (a.handoffd.empty() || !fs::exists(a.handoffd)) return AdminInProcess(a);
   // Modes: "default" the defaults (admin threads real-time when permitted) and a caller that
@@ -1109,15 +1122,10 @@ json Admin(const ProbeArgs& a) {
   if (!handoffd.ok()) return Error("handoffd", handoffd.status());
   const pid_t pid = (*handoffd)->pid();
   auto stub = (*handoffd)->Stub();
-  handoff::v1::CreateSourceRequest req;
-  *req.mutable_spec() = Spec("admin-0", a, "admin");
-  req.set_start(false);
-  handoff::v1::Source created;
-  {
-    grpc::ClientContext ctx;
-    grpc::Status gs = stub->CreateSource(&ctx, req, &created);
-    if (!gs.ok()) return Error(absl::StrCat("CreateSource: ", gs.error_message()));
+  if (std::optional<json> e = CreateOver(stub.get(), Spec("admin-0", a, "admin"), false)) {
+    return *e;
   }
+  handoff::v1::Source created;
   handoff::v1::GetProgressRequest preq;
   preq.set_source_id("admin-0");
   handoff::v1::Progress progress;
@@ -1271,13 +1279,8 @@ json IdleHandoffd(const ProbeArgs& a) {
   auto stub = (*handoffd)->Stub();
   const double base_rss_mb = StatusMb(pid, "VmRSS");
   for (int i = 0; i < a.sources; ++i) {
-    handoff::v1::CreateSourceRequest req;
-    *req.mutable_spec() = Spec(absl::StrCat("idle-", i), a, absl::StrCat("s", i));
-    req.set_start(true);
-    handoff::v1::Source created;
-    grpc::ClientContext ctx;
-    grpc::Status gs = stub->CreateSource(&ctx, req, &created);
-    if (!gs.ok()) return Error(absl::StrCat("CreateSource: ", gs.error_message()));
+    const handoff::v1::SourceSpec spec = Spec(absl::StrCat("idle-", i), a, absl::StrCat("s", i));
+    if (std::optional<json> e = CreateOver(stub.get(), spec, true)) return *e;
   }
   // Caught up: every source applied its events (read through ListSources, 1000 a page).
   const absl::Time deadline = absl::Now() + absl::Minutes(5);

@@ -133,6 +133,17 @@ class ManagerTest : public ::testing::Test {
     req.set_start(start);
     return manager_->CreateSource(req);
   }
+  // A source delivering to the downstream sink, gated on finality, whose provider serves
+  // one page at "100" (events 100:0 and 101:0, both finalized), then nothing new.
+  handoff::v1::SourceSpec GatedWithAFinalizedPage(const std::string& id) {
+    handoff::v1::SourceSpec spec = Spec(id);
+    spec.mutable_sink()->mutable_downstream()->set_target("unused:1");
+    spec.mutable_sink()->set_gate(handoff::v1::DELIVERY_GATE_FINALIZED);
+    consumer::Page page = MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "c1");
+    page.finalized = consumer::BlockMarkValue{101, absl::StrFormat("0x%064x", 101)};
+    providers_[id].SetPage("100", std::move(page));
+    return spec;
+  }
   // Source "h" (downstream sink, holds on rejection) runs a page of events 100:0 and
   // 101:0; the sink asks for review of 101:0, so the worker blocks on its hold.
   // `held` gets the held event's idempotency key.
@@ -315,12 +326,7 @@ TEST_F(ManagerTest, StartSourceReplacesAHaltedWorkerStillFinishing) {
     a.kind = consumer::SinkAnswer::Kind::kApplied;
     return a;
   });
-  handoff::v1::SourceSpec spec = Spec("r");
-  spec.mutable_sink()->mutable_downstream()->set_target("unused:1");
-  spec.mutable_sink()->set_gate(handoff::v1::DELIVERY_GATE_FINALIZED);
-  consumer::Page page = MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "c1");
-  page.finalized = consumer::BlockMarkValue{101, absl::StrFormat("0x%064x", 101)};
-  providers_["r"].SetPage("100", std::move(page));
+  const handoff::v1::SourceSpec spec = GatedWithAFinalizedPage("r");
   consumer::Refusal unauthorized;
   unauthorized.kind = consumer::RefusalKind::kAuthFailed;
   unauthorized.http_status = 401;
@@ -892,12 +898,7 @@ TEST_F(ManagerTest, AHaltClosesTheStreamForGood) {
     return std::unique_ptr<consumer::Provider>(std::move(p));
   };
   Restart();
-  handoff::v1::SourceSpec spec = Spec("w");
-  spec.mutable_sink()->mutable_downstream()->set_target("unused:1");
-  spec.mutable_sink()->set_gate(handoff::v1::DELIVERY_GATE_FINALIZED);
-  consumer::Page page = MakePage(100, 101, {MakeRow(100), MakeRow(101)}, "c1");
-  page.finalized = consumer::BlockMarkValue{101, absl::StrFormat("0x%064x", 101)};
-  providers_["w"].SetPage("100", std::move(page));
+  const handoff::v1::SourceSpec spec = GatedWithAFinalizedPage("w");
   // The delivery's first call breaks the disk: its receipt cannot be written.
   sink_.SetScript([&](const std::string&, int) {
     store::FaultInjectionFs::Fault fault;

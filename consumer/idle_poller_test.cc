@@ -133,6 +133,11 @@ struct Parked {
         +[](std::optional<FetchResult>* r) { return r->has_value(); }, &result));
     return *std::move(result);
   }
+  void AwaitNothingNew(int n) {
+    absl::MutexLock lock(&mu);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return nothing_new >= n; };
+    mu.Await(absl::Condition(&enough));
+  }
 };
 
 class IdlePollerTest : public ::testing::Test {
@@ -246,6 +251,14 @@ TEST_F(IdlePollerTest, ManySourcesDueTogetherAreAllPolled) {
     EXPECT_EQ(r.page->next, absl::StrCat("n", i));
     EXPECT_EQ(providers[i]->cursors(), std::vector<std::string>{absl::StrCat("c", i)});
   }
+  // The last on_result runs while its source is still in flight: a probe polled after it
+  // (one poller thread) shows that none of the 50 went back on the schedule.
+  ScriptedProvider third;
+  Backoff third_backoff(Fast());
+  Parked probe(&third, &third_backoff, "y");
+  poller.Park(&probe.poll);
+  probe.AwaitNothingNew(1);
+  poller.Unpark(&probe.poll);
   EXPECT_EQ(poller.parked(), 0u);
 }
 

@@ -798,7 +798,9 @@ void HttpProviderTest::CheckSseReconnectsAfterDropsAndControls() {
     EXPECT_EQ(r.refusal->code, c.code);
     EXPECT_EQ(r.refusal->http_status, 0);
     ExpectNoSecret(r);
-    if (c.fault == Fault::kChainUnavailable) EXPECT_EQ(r.refusal->retry_after, absl::Seconds(7));
+    if (c.fault == Fault::kChainUnavailable) {
+      EXPECT_EQ(r.refusal->retry_after, absl::Seconds(7));
+    }
     if (c.fault == Fault::kPaymentRequired) {
       EXPECT_EQ(r.refusal->retry_after, absl::Seconds(60));
       EXPECT_TRUE(absl::StrContains(r.refusal->funding_action_json, "next_action"));

@@ -3,10 +3,11 @@
 # No timing assertion: the figures of a smoke run mean nothing.
 set -euo pipefail
 bench="$1"
+handoffd="$2"  # the admin, idle and recovery scenarios run it as a process
 out="${TEST_TMPDIR}/report"
 mkdir -p "$out"
 "$bench" --smoke --out_dir="$out" --scratch="${TEST_TMPDIR}/scratch" \
-  --data_dir="${TEST_TMPDIR}/data" --history=/dev/null
+  --data_dir="${TEST_TMPDIR}/data" --handoffd="$handoffd" --history=/dev/null
 for f in REPORT.md report.json; do
   [[ -s "$out/$f" ]] || { echo "missing $out/$f"; exit 1; }
 done
@@ -18,6 +19,8 @@ done
 grep -q " writers, " "$out/REPORT.md" || { echo "REPORT.md lacks the bare RocksDB many-writer limit"; exit 1; }
 grep -q "polling sources, .* context switches and .* page faults each; steal " "$out/REPORT.md" ||
   { echo "REPORT.md's idle polling row lacks its per-poll events or steal"; exit 1; }
+grep -q "| 4 recovery | handoffd's exec to the first new commit" "$out/REPORT.md" ||
+  { echo "REPORT.md's recovery row is not handoffd's own start"; exit 1; }
 # Every probe must have produced figures, not an error.
 if grep -q "^## Failures" "$out/REPORT.md"; then
   cat "$out/REPORT.md"

@@ -354,20 +354,26 @@ std::vector<Row> BuildRows(const json& raw, const MemoryBound& bound) {
     }
   }
   {
-    const auto v = f.Get("recovery", "first_commit_seconds");
+    // The goal is judged on handoffd started as a process when the run has it; the
+    // in-process run splits the time into the store's open and Recover.
+    const bool process = f.Get("recovery_handoffd", "first_commit_seconds").has_value();
+    const char* probe = process ? "recovery_handoffd" : "recovery";
+    const auto v = f.Get(probe, "first_commit_seconds");
     Row r;
     r.scenario = "4 recovery";
-    r.what = absl::StrCat("start to first new commit, ", Num(f.Get("recovery", "sources"), "%.0f"),
-                          " sources, ", Num(f.Get("recovery", "receipts"), "%.0f"),
-                          " receipts on disk",
-                          f.Get("recovery", "wal_rows_replayed")
-                              ? absl::StrCat(", ", Num(f.Get("recovery", "wal_rows_replayed"),
-                                                       "%.0f"),
-                                             " rows in the WAL to replay")
-                              : std::string(),
-                          " (open ", Num(f.Get("recovery", "open_seconds"), "%.3f"),
-                          " s, Recover done ", Num(f.Get("recovery", "recover_seconds"), "%.3f"),
-                          " s)");
+    r.what = absl::StrCat(
+        process ? "handoffd's exec to the first new commit its admin API reports (an upper "
+                  "bound; admin API serving at " +
+                      Num(f.Get(probe, "admin_serving_seconds"), "%.3f") + " s), "
+                : "start to first new commit (in process), ",
+        Num(f.Get(probe, "sources"), "%.0f"), " sources, ", Num(f.Get(probe, "receipts"), "%.0f"),
+        " receipts on disk, ", Num(f.Get(probe, "wal_rows_replayed"), "%.0f"),
+        " rows in the WAL to replay; database out of the page cache (",
+        Num(f.Get(probe, "evicted_mb"), "%.0f"), " MB dropped, ",
+        Num(f.Get(probe, "resident_after_eviction_mb"), "%.1f"),
+        " MB left); in process, as cold: open ", Num(f.Get("recovery", "open_seconds"), "%.3f"),
+        " s, Recover done ", Num(f.Get("recovery", "recover_seconds"), "%.3f"),
+        " s, first commit ", Num(f.Get("recovery", "first_commit_seconds"), "%.3f"), " s");
     r.measured = v ? absl::StrFormat("%.3f s", *v) : "n/a";
     r.limit = "-";
     r.ratio = "-";
@@ -623,10 +629,14 @@ absl::Status WriteReport(const Results& res, const std::string& out_dir) {
         "bench data dir; each run points the sources at this run's simulator and rewinds "
         "them, and leaves the last 1500 rows of each source in the write-ahead log, unflushed, "
         "as a crash mid-ingest does (~50 MB, most of a 64 MiB memtable: the open replays them "
-        "and flushes them to L0); then times Store::Open + SourceManager::Create + Recover + "
-        "the first commit. Its limits: the store was just prepared (a warm page cache), and "
-        "the process is already running (its own start, ~0.1 s for handoffd, is not "
-        "counted).\n"
+        "and flushes them to L0); then drops the database's files (and handoffd's binary) "
+        "from the page cache (`posix_fadvise(DONTNEED)`, checked with `mincore`) and starts "
+        "handoffd: the time from `posix_spawn` to the first ListSources answer showing a "
+        "source applied past the data set (polled back to back from when the port file "
+        "appears; workers start before the admin API serves, so this is an upper bound). "
+        "The same cold start inside the harness's process splits it: Store::Open, then "
+        "SourceManager::Create + Recover, then the first commit (the engine's observer). "
+        "Its limit: the shared libraries (RocksDB, gRPC) stay in the page cache.\n"
         "- Admin: handoffd (`--insecure_disable_auth`); one GetProgress per millisecond over "
         "loopback gRPC, first for up to 3 s with the source created but not started (the "
         "machine's floor), then while it ingests at full speed (the run must still be "

@@ -13,7 +13,7 @@ namespace handoff::consumer {
 namespace {
 
 TEST(ReusableThreadTest, TasksBackToBackShareOneThread) {
-  ReusableThread runner;
+  ReusableThread runner(absl::Hours(1));  // no idle exit, however the test is scheduled
   std::vector<int> seen;  // written by the tasks, read after Wait(): no lock needed
   std::thread::id first;
   for (int i = 0; i < 200; ++i) {

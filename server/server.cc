@@ -167,7 +167,9 @@ absl::Status Server::Build() {
   // the one that answers it (admin_call_scheduling.h).
   const AdminCallScheduling& call_scheduling = admin_service_->call_scheduling();
   const absl::StatusOr<int> raised =
-      call_scheduling.RaiseGrpcPollerThreads(threads_before_grpc, absl::Seconds(1));
+      // Each new thread names itself when it first runs; on a loaded machine that can take
+      // seconds, and one not yet named would stay at normal priority for good.
+      call_scheduling.RaiseGrpcPollerThreads(threads_before_grpc, absl::Seconds(10));
   if (!raised.ok()) {
     logger_->Warning("gRPC's polling threads run at normal priority",
                      {{"reason", std::string(raised.status().message())}});

@@ -35,7 +35,9 @@ ServerOptions TestOptions(const std::string& name) {
   options.data_dir = TempDir(name);
   options.insecure_disable_auth = true;
   options.log_level = LogLevel::kWarning;
-  options.shutdown_grace = absl::Seconds(5);
+  // Long: a watcher notices shutdown within watch_recheck of being scheduled, which a
+  // loaded machine can delay past a short grace's quarter (the call is then CANCELLED).
+  options.shutdown_grace = absl::Seconds(60);
   options.source_manager_factory = [](consumer::SourceManagerOptions)
       -> absl::StatusOr<std::unique_ptr<consumer::SourceManager>> {
     return std::make_unique<testing::FakeSourceManager>();

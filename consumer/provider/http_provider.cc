@@ -22,8 +22,6 @@ namespace handoff::consumer {
 namespace {
 
 constexpr size_t kMaxErrorBody = 64 * 1024;
-// A prefetched page older than this is fetched again rather than handed out.
-constexpr absl::Duration kMaxPrefetchAge = absl::Seconds(5);
 // Polled pages fetched ahead of the one the engine asked for last, at most.
 constexpr size_t kPrefetchDepth = 2;
 constexpr size_t kMaxMessage = 300;
@@ -465,7 +463,8 @@ void HttpProvider::RunPrefetchChain(std::string cursor, PageSlot slot) {
       return chain_stop_ || prefetched_.size() < kPrefetchDepth;
     };
     std::optional<PageSlot> next_slot;
-    if (more && prefetch_mu_.AwaitWithTimeout(absl::Condition(&room), kMaxPrefetchAge) &&
+    if (more &&
+        prefetch_mu_.AwaitWithTimeout(absl::Condition(&room), options_.max_prefetch_age) &&
         !chain_stop_) {
       next_slot = budget_->TryAcquire();
     }
@@ -517,7 +516,7 @@ std::optional<FetchResult> HttpProvider::TakePrefetch(const std::string& cursor)
   // wait, counted from now, can only be longer than the provider asked.
   const bool usable = taken.has_value() && prefetch_generation_ == close_generation_.load() &&
                       (!taken->result.page.has_value() ||
-                       absl::Now() - taken->started < kMaxPrefetchAge);
+                       absl::Now() - taken->started < options_.max_prefetch_age);
   if (!usable) {
     // The engine did not commit the page the chain followed (or it is stale, or a
     // Close() came since): drop the speculation.
@@ -639,6 +638,10 @@ bool HttpProvider::Ready(const std::string& committed_cursor) {
 // ----- SSE -----------------------------------------------------------------------------
 
 FetchResult HttpProvider::FetchStream(const std::string& cursor) {
+  // The stream this Fetch reads, named while the lifecycle lock keeps it current: a Close
+  // between here and the wait below then ends the wait (the id moves on) instead of
+  // leaving it on the next stream, which nobody starts.
+  uint64_t id;
   {
     absl::MutexLock lifecycle(&lifecycle_mu_);
     bool reuse;
@@ -650,9 +653,10 @@ FetchResult HttpProvider::FetchStream(const std::string& cursor) {
       StopReader();
       StartReader(cursor);
     }
+    absl::MutexLock lock(&mu_);
+    id = stream_id_;
   }
   absl::MutexLock lock(&mu_);
-  const uint64_t id = stream_id_;
   struct Args {
     HttpProvider* self;
     uint64_t id;

@@ -14,7 +14,7 @@
 // speculative page is only handed out by a later Fetch(N), that is, once the engine has
 // durably committed N as its resume cursor (the barrier); any other Fetch(c') (a failed
 // or lost commit rereads an older cursor) or a Close() discards the chain, and so does
-// age (a prefetched page older than kMaxPrefetchAge is fetched again). A refusal ends
+// age (a prefetched page older than `max_prefetch_age` is fetched again). A refusal ends
 // the chain and is the answer to its request: Fetch(N) returns it as a Fetch of its own
 // would have (it is not asked again at once, whatever its age). Nothing of a
 // speculative page is published or applied before its cursor is committed, so "the next
@@ -100,6 +100,9 @@ struct HttpProviderOptions {
   size_t sse_buffered_pages = 2;
   // Polling: prefetch the next page while the current one commits (see above).
   bool poll_prefetch = true;
+  // Polling: a prefetched page older than this is fetched again, and the chain stops
+  // waiting this long for room to fetch the next.
+  absl::Duration max_prefetch_age = absl::Seconds(5);
   // Where polled requests lease their sessions, shared by the providers that should
   // share warm connections (handoffd: all of them). nullptr: a pool of one session of
   // this provider's own, closed with it.

@@ -1,5 +1,10 @@
 #include "consumer/sinks/grpc_event_sink.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <future>
@@ -8,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -534,13 +540,19 @@ TEST(GrpcEventSinkTest, ASinkDestroyedOnItsCancelledAnswersLeavesGrpcWhole) {
 }
 
 TEST(GrpcEventSinkTest, AnUnreachableSinkIsATransportError) {
-  std::string target;
-  {
-    auto sink = StartSink("gone");
-    target = sink->target();
-  }
+  // A port bound and not listening: connections are refused, and no other test's server
+  // can take it meanwhile (as one could a stopped sink's port).
+  const int reserved = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(reserved, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(reserved, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(reserved, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  absl::Cleanup close_reserved = [reserved] { close(reserved); };
   GrpcEventSinkOptions options;
-  options.target = target;
+  options.target = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
   options.deadline = absl::Seconds(10);
   auto client = GrpcEventSink::Create(options);
   ASSERT_TRUE(client.ok());

@@ -15,7 +15,6 @@ idempotency key once, and no secret appears in a log or a reply.
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,14 +31,8 @@ HEAD = 260
 REVIEW_BLOCK = 120
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def canonical(sim_port, start):
-    url = "http://127.0.0.1:%d/sim/canonical?from=%d&to=%d" % (sim_port, start, HEAD)
+def canonical(sim_url, start):
+    url = "%s/sim/canonical?from=%d&to=%d" % (sim_url, start, HEAD)
     body = json.loads(urllib.request.urlopen(url, timeout=20).read())
     return [(int(i["blockNumber"], 16), int(i["logIndex"], 16), i["blockHash"])
             for i in body["items"]]
@@ -70,14 +63,14 @@ def main():
     import sample_sink_admin_pb2_grpc as sink_admin_grpc
 
     procs = []
+    servers = []  # every handoffd incarnation, killed on the way out whatever happened
     try:
-        sim_port = free_port()
-        env = dict(os.environ, SIM_TOKEN=PROVIDER_KEY)
-        procs.append(subprocess.Popen(
-            [a.provider_sim, "--port=%d" % sim_port, "--chain=sim", "--initial_head=%d" % HEAD,
-             "--logs_per_block=3", "--finality_lag=5", "--safe_lag=2", "--heartbeat_ms=500",
-             "--bearer_token_env=SIM_TOKEN"], env=env,
-            stdout=open(os.path.join(work, "sim.log"), "wb"), stderr=subprocess.STDOUT))
+        os.environ["SIM_TOKEN"] = PROVIDER_KEY  # read by the simulator (port 0) only
+        sim = e2e.procs.ProviderSim(a.provider_sim, work, [
+            "--chain=sim", "--initial_head=%d" % HEAD, "--logs_per_block=3",
+            "--finality_lag=5", "--safe_lag=2", "--heartbeat_ms=500",
+            "--bearer_token_env=SIM_TOKEN"])
+        procs.append(sim.proc)
         sink_port_file = os.path.join(work, "sink.port")
         procs.append(subprocess.Popen(
             [a.sample_sink, "--port_file=" + sink_port_file, "--db_path=" + work + "/sink",
@@ -85,8 +78,6 @@ def main():
             stdout=open(os.path.join(work, "sink.log"), "wb"), stderr=subprocess.STDOUT))
         e2e.wait_until("sample sink port", lambda: os.path.exists(sink_port_file))
         sink_target = "127.0.0.1:" + open(sink_port_file).read().split()[-1]
-        e2e.wait_until("provider simulator", lambda: urllib.request.urlopen(
-            "http://127.0.0.1:%d/sim/status" % sim_port, timeout=5).status == 200)
 
         tokens = os.path.join(work, "tokens")
         with open(tokens, "w") as f:
@@ -95,11 +86,12 @@ def main():
         os.environ["PROVIDER_KEY"] = PROVIDER_KEY  # inherited by handoffd only
         flags = ["--auth_tokens_file=" + tokens]
         server = e2e.Handoffd(a.handoffd, work, "flow-1", data, flags)
+        servers.append(server)
         op = e2e.Client(grpc.insecure_channel(server.target), OPERATOR)
         viewer = e2e.Client(grpc.insecure_channel(server.target), READER)
 
         def spec(source_id, transport, sink):
-            s = src.SourceSpec(id=source_id, provider_url="http://127.0.0.1:%d" % sim_port,
+            s = src.SourceSpec(id=source_id, provider_url=sim.base_url,
                                chain="sim", source="logs", filter="all", transport=transport,
                                page_limit=50)
             s.start.block = 100
@@ -191,6 +183,7 @@ def main():
         server.kill()
         e2e.log("ok - SIGKILL")
         server = e2e.Handoffd(a.handoffd, work, "flow-2", data, flags)
+        servers.append(server)
         op = e2e.Client(grpc.insecure_channel(server.target), OPERATOR)
         after = op.call("GetProgress", admin.GetProgressRequest(source_id="flow"))
         assert after.state == src.SOURCE_STATE_STOPPED, after
@@ -204,7 +197,7 @@ def main():
         e2e.wait_until("flow2 caught up (resumed by itself)", lambda: caught_up("flow2"), 120)
 
         # 4. Nothing lost, nothing applied twice.
-        truth = canonical(sim_port, 100)
+        truth = canonical(sim.base_url, 100)
         for source_id in ("flow", "flow2"):
             got = rows(op, admin, source_id)
             assert got == truth, "%s: %d rows, canonical has %d" % (source_id, len(got), len(truth))
@@ -228,6 +221,9 @@ def main():
         e2e.log("ok - metrics scraped; no secret in logs or replies")
         server.stop()
     finally:
+        for server in servers:
+            if server.alive():
+                server.kill()
         for proc in procs:
             proc.terminate()
         for proc in procs:

@@ -60,6 +60,9 @@ class Rig {
     store_ = *std::move(s);
     consumer::SourceManagerOptions mo;
     mo.store = store_.get();
+    // At the test's own priority: niced workers can starve for minutes under the
+    // suite's load (source_manager_test).
+    mo.worker.thread_nice = 0;
     mo.worker.fetch_backoff.initial = absl::Milliseconds(5);
     mo.worker.fetch_backoff.max = absl::Milliseconds(20);
     mo.worker.idle_backoff = mo.worker.fetch_backoff;

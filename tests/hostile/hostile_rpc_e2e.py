@@ -151,7 +151,7 @@ def main():
         # cancel: open until admitted.)
         def deadline_stream():
             s = client.admin.WatchProgress(admin.WatchProgressRequest(
-                source_id="base", heartbeat_ms=60000), timeout=0.5)
+                source_id="base", heartbeat_ms=60000), timeout=3)  # room for a loaded machine
             try:
                 next(s)
                 return s

@@ -88,7 +88,6 @@ TEST_F(ProviderRigTest, ReorgsAndFaultsConvergeOnTheCanonicalChain) {
   ExpectStreamsResumedFromCommittedCursors();
   EXPECT_GT(sim().chain().View().epoch, static_cast<uint64_t>(manual_reorgs));  // random ones too
   const absl::Duration took = absl::Now() - started;
-  EXPECT_LT(took, absl::Seconds(60));
   std::printf("long run: head %llu, %llu reorgs, %s\n",
               static_cast<unsigned long long>(final_head),
               static_cast<unsigned long long>(sim().chain().View().epoch),

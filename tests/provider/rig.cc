@@ -172,6 +172,9 @@ void ProviderRigTest::Open() {
   consumer::SourceManagerOptions mo;
   mo.store = store_.get();
   mo.observer = &observer_;
+  // At the test's own priority: niced workers can starve for minutes under the
+  // suite's load (source_manager_test).
+  mo.worker.thread_nice = 0;
   mo.worker.fetch_backoff.initial = fetch_backoff_initial_;
   mo.worker.fetch_backoff.max = fetch_backoff_max_;
   mo.worker.idle_backoff = idle_backoff_.value_or(mo.worker.fetch_backoff);

@@ -105,6 +105,9 @@ class StorageFaultTest : public ::testing::TestWithParam<FaultCase> {
     ASSERT_NO_FATAL_FAILURE(OpenStore());
     consumer::SourceManagerOptions mo;
     mo.store = store_.get();
+    // At the test's own priority: niced workers can starve for minutes under the
+    // suite's load (source_manager_test).
+    mo.worker.thread_nice = 0;
     mo.worker.fetch_backoff.initial = absl::Milliseconds(20);
     mo.worker.fetch_backoff.max = absl::Milliseconds(200);
     mo.worker.idle_backoff = mo.worker.fetch_backoff;

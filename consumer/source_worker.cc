@@ -630,6 +630,9 @@ void SourceWorker::IngestLoop() {
   if (!halted_.load() && !crashed_.load()) {
     SetState(handoff::v1::SOURCE_STATE_STOPPED, "");
   }
+  // Pages fetched ahead hold slots of the shared budget: they go with the loop, not with
+  // the worker (a halted one stays until an operator acts).
+  if (parts_.provider != nullptr) parts_.provider->DropReadAhead();
   ThreadDone();
 }
 

@@ -334,6 +334,15 @@ void HttpProvider::Cancel() {
 }
 
 void HttpProvider::Close() {
+  {
+    // The pages fetched ahead, and their slots of the shared budget, go now: a closed
+    // provider can wait long to be destroyed (a halted source, until an operator acts),
+    // and the slots would starve the other sources. A request still in flight drops
+    // its own page when it ends (RunPrefetchChain).
+    absl::MutexLock lock(&prefetch_mu_);
+    chain_stop_ = true;
+    prefetched_.clear();
+  }
   close_generation_.fetch_add(1);
   fresh_poll_connection_.store(true);
   if (stream_session_ != nullptr) stream_session_->DropConnections();
@@ -455,9 +464,13 @@ void HttpProvider::RunPrefetchChain(std::string cursor, PageSlot slot) {
     FetchResult result = PollOnce(cursor, &stop_prefetch_, std::move(slot));
     const bool more = result.page.has_value() && result.page->next != cursor;
     std::string next = more ? result.page->next : std::string();
-    absl::MutexLock lock(&prefetch_mu_);
-    prefetched_.push_back(Prefetched{cursor, started, std::move(result)});
+    absl::MutexLock lock(&prefetch_mu_);  // released before `result` goes, with its slot
     fetching_cursor_.clear();
+    if (chain_stop_) {  // stopped or closed meanwhile: nobody takes this page
+      chain_ended_ = true;
+      return;
+    }
+    prefetched_.push_back(Prefetched{cursor, started, std::move(result)});
     // Goes on while the engine takes what is fetched, and only with a slot to spare.
     auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(prefetch_mu_) {
       return chain_stop_ || prefetched_.size() < kPrefetchDepth;

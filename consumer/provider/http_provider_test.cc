@@ -404,6 +404,42 @@ TEST_F(HttpProviderTest, PollPrefetchChainStaysTwoPagesAheadAndAMissDropsIt) {
   EXPECT_EQ(budget->held(), 0u);
 }
 
+// A halted source's provider is cancelled and closed, then kept until an operator acts:
+// Close gives the slots of the pages fetched ahead back to the shared budget at once,
+// so that the other sources are not left waiting for them.
+TEST_F(HttpProviderTest, CloseGivesThePrefetchedPagesSlotsBack) {
+  std::shared_ptr<PageBudget> budget = PageBudget::Create(3);
+  HttpProviderOptions o = Options(handoff::v1::TRANSPORT_POLL);
+  o.page_budget = budget;
+  auto p = Make(std::move(o));
+  const size_t before = sim_->Requests().size();
+  std::optional<Page> first = ExpectPage(p->Fetch("0"));
+  // The chain holds the other two slots, and waits for room (the engine has not taken
+  // a page it fetched).
+  ASSERT_TRUE(sim_->WaitForRequests(before + 3, absl::Seconds(10)));
+  EXPECT_EQ(budget->held(), 3u);
+  p->Cancel();
+  p->Close();
+  // Another source's two pages get their slots (the provider is still alive).
+  std::atomic<bool> give_up{false};
+  absl::Notification acquired;
+  std::vector<PageSlot> others;
+  std::thread other([&] {
+    for (int i = 0; i < 2; ++i) {
+      std::optional<PageSlot> slot = budget->Acquire([&] { return give_up.load(); });
+      if (!slot.has_value()) return;
+      others.push_back(*std::move(slot));
+    }
+    acquired.Notify();
+  });
+  EXPECT_TRUE(acquired.WaitForNotificationWithTimeout(absl::Seconds(30)))
+      << budget->held() << " slots held";
+  give_up.store(true);
+  budget->WakeWaiters();
+  other.join();
+  EXPECT_TRUE(first->slot.held());  // the page the engine has is its own to release
+}
+
 // Every page is fetched under a slot of the shared PageBudget and holds it until it is
 // destroyed; a Fetch without a free slot waits for one (and Cancel ends the wait); a
 // prefetch takes a slot only when one is free.

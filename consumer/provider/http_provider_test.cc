@@ -159,6 +159,14 @@ class HttpProviderTest : public ::testing::Test {
     return o;
   }
 
+  // An adapter whose pages take slots of `budget`, as every source's in handoffd.
+  std::unique_ptr<HttpProvider> MakeUnder(handoff::v1::Transport transport,
+                                          std::shared_ptr<PageBudget> budget) {
+    HttpProviderOptions o = Options(transport);
+    o.page_budget = std::move(budget);
+    return Make(std::move(o));
+  }
+
   std::unique_ptr<HttpProvider> Make(HttpProviderOptions o) {
     auto p = HttpProvider::Create(std::move(o));
     EXPECT_TRUE(p.ok()) << p.status();
@@ -363,9 +371,7 @@ TEST_F(HttpProviderTest, PollPrefetchIsHandedOutOnlyForTheCommittedNext) {
 // chain and gives its slots back.
 TEST_F(HttpProviderTest, PollPrefetchChainStaysTwoPagesAheadAndAMissDropsIt) {
   std::shared_ptr<PageBudget> budget = PageBudget::Create(8);
-  HttpProviderOptions o = Options(handoff::v1::TRANSPORT_POLL);
-  o.page_budget = budget;
-  auto p = Make(std::move(o));
+  auto p = MakeUnder(handoff::v1::TRANSPORT_POLL, budget);
   HttpProviderOptions plain_options = Options(handoff::v1::TRANSPORT_POLL);
   plain_options.poll_prefetch = false;
   auto plain = Make(std::move(plain_options));
@@ -409,9 +415,7 @@ TEST_F(HttpProviderTest, PollPrefetchChainStaysTwoPagesAheadAndAMissDropsIt) {
 // so that the other sources are not left waiting for them.
 TEST_F(HttpProviderTest, CloseGivesThePrefetchedPagesSlotsBack) {
   std::shared_ptr<PageBudget> budget = PageBudget::Create(3);
-  HttpProviderOptions o = Options(handoff::v1::TRANSPORT_POLL);
-  o.page_budget = budget;
-  auto p = Make(std::move(o));
+  auto p = MakeUnder(handoff::v1::TRANSPORT_POLL, budget);
   const size_t before = sim_->Requests().size();
   std::optional<Page> first = ExpectPage(p->Fetch("0"));
   // The chain holds the other two slots, and waits for room (the engine has not taken
@@ -445,9 +449,7 @@ TEST_F(HttpProviderTest, CloseGivesThePrefetchedPagesSlotsBack) {
 // prefetch takes a slot only when one is free.
 TEST_F(HttpProviderTest, PollFetchesUnderAPageSlotAndWaitsForOne) {
   std::shared_ptr<PageBudget> budget = PageBudget::Create(2);
-  HttpProviderOptions o = Options(handoff::v1::TRANSPORT_POLL);
-  o.page_budget = budget;
-  auto p = Make(std::move(o));
+  auto p = MakeUnder(handoff::v1::TRANSPORT_POLL, budget);
   const size_t before = sim_->Requests().size();
   std::optional<Page> first = ExpectPage(p->Fetch("0"));
   EXPECT_TRUE(first->slot.held());
@@ -487,9 +489,7 @@ TEST_F(HttpProviderTest, CancelEndsAFetchWaitingForAPageSlot) {
   ASSERT_TRUE(taken.has_value());
   for (handoff::v1::Transport t : {handoff::v1::TRANSPORT_POLL, handoff::v1::TRANSPORT_SSE}) {
     SCOPED_TRACE(t);
-    HttpProviderOptions o = Options(t);
-    o.page_budget = budget;
-    auto p = Make(std::move(o));
+    auto p = MakeUnder(t, budget);
     absl::Notification done;
     FetchResult result;
     std::thread fetcher([&] {
@@ -516,9 +516,7 @@ TEST_F(HttpProviderTest, DropReadAheadGivesBackTheSlotsOfPagesFetchedAhead) {
   for (handoff::v1::Transport t : {handoff::v1::TRANSPORT_POLL, handoff::v1::TRANSPORT_SSE}) {
     SCOPED_TRACE(t);
     std::shared_ptr<PageBudget> budget = PageBudget::Create(8);
-    HttpProviderOptions o = Options(t);
-    o.page_budget = budget;
-    auto p = Make(std::move(o));
+    auto p = MakeUnder(t, budget);
     std::optional<Page> first = ExpectPage(p->Fetch("0"));
     // The prefetch, or the stream's buffered pages, take slots beside the page's.
     while (budget->held() < 2) std::this_thread::yield();
@@ -536,9 +534,7 @@ TEST_F(HttpProviderTest, DropReadAheadGivesBackTheSlotsOfPagesFetchedAhead) {
 
 TEST_F(HttpProviderTest, SseQueuesPagesOnlyUnderPageSlots) {
   std::shared_ptr<PageBudget> budget = PageBudget::Create(1);
-  HttpProviderOptions o = Options(handoff::v1::TRANSPORT_SSE);
-  o.page_budget = budget;
-  auto p = Make(std::move(o));
+  auto p = MakeUnder(handoff::v1::TRANSPORT_SSE, budget);
   std::optional<Page> first = ExpectPage(p->Fetch("0"));
   EXPECT_TRUE(first->slot.held());
   // The reader has the next frame but no slot to parse it under (a source waiting for a

@@ -423,9 +423,15 @@ std::optional<PageAttempt::Result> PageAttempt::CommitSlots(
       // block ends it below `from` (the chain ends there now). Any other page that
       // covers no block keeps it, open: the blocks the cursor moved past are not named,
       // so the next page may start anywhere above it, but what was committed stays
-      // checked (page_validator.h).
+      // checked (page_validator.h). Only a correction moves the end down: a page that
+      // overlaps the committed range and ends inside it keeps what was committed above
+      // it checked (lowered, a later page could rewrite those blocks without a halt).
       store::CheckpointUpdate::Covered& covered = update.covered.emplace();
-      if (page_.through.has_value()) {
+      if (page_.through.has_value() && !page_.reorg && checkpoint_.has_covered() &&
+          page_.through->number < checkpoint_.covered_through()) {
+        covered.through = checkpoint_.covered_through();
+        covered.open = checkpoint_.covered_open();
+      } else if (page_.through.has_value()) {
         covered.through = page_.through->number;
       } else if (page_.reorg) {
         if (page_.from > 0) covered.through = page_.from - 1;

@@ -197,6 +197,11 @@ PageVerdict ValidatePage(const Page& page, const std::string& request_cursor,
 
   // Correction: the page's range replaces what was applied there.
   ReplaceDurableOutcomes(page, ledger, applied, [](Position) { return true; }, &v);
+  // An empty correction that leaves the cursor where it was still names blocks whose
+  // events are gone (a provider whose cursor is a block number has nothing else to
+  // send): its orphans are deleted and the unchanged cursor committed. Only once it
+  // replaces nothing is it the contract's no-op "nothing new yet".
+  if (!v.orphans.empty()) v.nothing_new = false;
   if (applied.has_value() && *applied >= Position{page.from, 0}) {
     v.correction_depth = applied->block - page.from + 1;
   } else if (cp.has_covered() && cp.covered_through() >= page.from) {

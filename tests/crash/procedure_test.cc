@@ -412,6 +412,60 @@ TEST(Corrections, ReorgReplacesTheRangeEvenBelowTheStartBlock) {
   EXPECT_EQ(h.Checkpoint().counters().corrections(), 2u);
 }
 
+// A correction with no items whose cursor stays where it was (a provider whose cursor is
+// a block number has nothing else to send) still names blocks whose events are gone:
+// they are deleted, the unchanged cursor committed. Served again, it replaces nothing
+// and is the contract's "nothing new yet". Before: taken for nothing new at once, and the
+// abandoned fork's 103 and 104 stayed among the rows for good.
+TEST(Corrections, AnEmptyCorrectionWithAnUnchangedCursorStillDeletesItsOrphans) {
+  Harness h(consumer::testing::TestDir("reorg-empty-same-cursor"), HarnessOptions{});
+  h.Open();
+  Script s;
+  s.cursors = {"100", "N"};
+  s.pages.push_back(MakePage(100, 105, {MakeRow(100), MakeRow(103), MakeRow(104)}, "N"));
+  s.pages.push_back(MakePage(103, 105, {}, "N", /*reorg=*/true));
+  h.Load(s);
+  ASSERT_EQ(h.Step().kind, Kind::kPromoted);
+  const store::CheckpointRecord before = h.Checkpoint();
+  const PageAttempt::Result r = h.Step();
+  ASSERT_EQ(r.kind, Kind::kPromoted) << r.detail;
+  EXPECT_EQ(h.Rows().count(P(103)), 0u) << "the abandoned fork's 103 survived";
+  EXPECT_EQ(h.Rows().count(P(104)), 0u);
+  EXPECT_EQ(h.Rows().count(P(100)), 1u);
+  EXPECT_EQ(h.Checkpoint().resume_cursor(), "N");
+  EXPECT_EQ(h.Checkpoint().version(), before.version() + 1);
+  EXPECT_LT(Applied(h.Checkpoint()), P(103));
+  EXPECT_EQ(h.Checkpoint().counters().corrections(), 1u);
+  EXPECT_EQ(h.Step().kind, Kind::kNothingNew) << "nothing left to replace";
+  EXPECT_EQ(h.Checkpoint().version(), before.version() + 1);
+}
+
+// A page that overlaps the committed range and ends inside it (allowed: overlap at or
+// below what was applied is replayed) does not lower the range's end: what was
+// committed above it stays checked, and a later non-correction page that rewrites it
+// halts. Before: the end dropped to the overlap's, and block 108's applied event was
+// replaced by another fork's without a halt.
+TEST(UnsafeShortcuts, AnOverlappingPageNeverShrinksTheCommittedRange) {
+  Harness h(consumer::testing::TestDir("overlap-shrink"), HarnessOptions{});
+  h.Open();
+  Script s;
+  s.cursors = {"100", "N1", "N2"};
+  s.pages.push_back(MakePage(100, 110, {MakeRow(100), MakeRow(108)}, "N1"));
+  s.pages.push_back(MakePage(100, 104, {MakeRow(100)}, "N2"));
+  s.pages.push_back(MakePage(105, 112, {MakeRow(108, 0, "b"), MakeRow(111)}, "N3"));
+  h.Load(s);
+  ASSERT_EQ(h.Step().kind, Kind::kPromoted);
+  PageAttempt::Result r = h.Step();
+  ASSERT_EQ(r.kind, Kind::kPromoted) << r.detail;
+  EXPECT_EQ(h.Checkpoint().covered_through(), 110u);
+  EXPECT_EQ(h.Checkpoint().resume_cursor(), "N2");
+  r = h.Step();
+  EXPECT_EQ(r.kind, Kind::kViolation) << r.detail;
+  EXPECT_NE(r.detail.find("conflicting identity"), std::string::npos) << r.detail;
+  EXPECT_EQ(h.Rows().count(P(111)), 0u) << "nothing of the page was applied";
+  EXPECT_EQ(h.Rows().at(P(108)), MakeRow(108).block_hash()) << "the applied 108 was replaced";
+}
+
 TEST(UnsafeShortcuts, AppliedWatermarkIsNeverTheLargestPositionInThePage) {
   HarnessOptions o = ReviewSink();
   o.sink_batch = 3;

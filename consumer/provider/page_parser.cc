@@ -6,6 +6,7 @@
 #include <emmintrin.h>
 #endif
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -423,6 +424,12 @@ absl::Status ReadPage(dom::element doc, Page* page) {
         s = FieldError(Path{"next"}, "expected string cursor");
       } else if (next.empty()) {
         s = FieldError(Path{"next"}, "empty cursor");
+      } else if (std::any_of(next.begin(), next.end(), [](char c) {
+                   return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+                 })) {
+        // The cursor goes back in a header (Last-Event-ID) as well as the query: a line
+        // break in it would end the header and write the rest as headers of our own.
+        s = FieldError(Path{"next"}, "control character in cursor");
       } else {
         page->next.assign(next.data(), next.size());
       }

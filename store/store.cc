@@ -966,6 +966,13 @@ absl::StatusOr<CheckpointRecord> Store::CommitStep(Stage stage, StepBatch* step,
                  fenced_delivery->SerializeAsString());
     }
     for (const ExtraWrite& w : hold_writes) batch->Put(w.cf, w.key, w.value);
+    // A step that fences the delivery stage rewrites entries it may read at once (its
+    // reads are not capped below them, as they are below new entries): written
+    // synced, so that no sink is sent an event this step could still lose.
+    if (fenced_delivery.has_value()) {
+      if (deferred != nullptr) *deferred = SyncTicket{};
+      return Write(batch, absl::StrCat("commit step of ", id));
+    }
     return Write(batch, absl::StrCat("commit step of ", id), deferred);
   };
   const bool has_rows = !step->row_puts_.empty() || !step->row_deletes_.empty();

@@ -1680,6 +1680,42 @@ TEST_F(StoreFaultTest, DeferredCommitIsVisibleAtOnceAndSurvivesPowerLossOnceAwai
   EXPECT_EQ(CountRows(store_.get(), "s"), 300);
 }
 
+// A step that rewrites outbox entries the delivery stage has passed (a correction) fences
+// and rewinds that stage, which then rereads them at once: no reader caps it below them,
+// as new entries are capped by the published (synced) ingest position. So the step is
+// written synced even when asked to defer: read, it survives a power loss. Before: it
+// was written unsynced, a sink could be sent 102:0 and the power loss drop it.
+TEST_F(StoreFaultTest, AStepThatFencesTheDeliveryStageIsNeverDeferred) {
+  CheckpointRecord delivered = Fresh("");
+  delivered.set_has_applied(true);
+  delivered.set_applied_block(105);
+  delivered.set_applied_log_index(0);
+  ASSERT_OK(store_->ResetSource("s", Fresh("c1", 1), delivered));
+  const uint64_t version = Checkpoint("s").version();
+  auto commit = [&](Position entry, SyncTicket* ticket) {
+    std::unique_ptr<StepBatch> step = store_->NewStep("s");
+    step->PutOutbox(entry, RowBytes(entry));
+    Fence fence;
+    fence.any_version = true;
+    return store_->CommitStep(Stage::kIngest, step.get(), fence, CheckpointUpdate{}, ticket)
+        .status();
+  };
+  // New entries above what was delivered: deferred as asked.
+  SyncTicket above;
+  ASSERT_OK(commit(Position{110, 0}, &above));
+  EXPECT_GT(above.value, 0u);
+  ASSERT_OK(store_->AwaitSynced(above));
+  // An entry the delivery stage passed: fenced, and synced before CommitStep returns.
+  SyncTicket fencing{12345};
+  ASSERT_OK(commit(Position{102, 0}, &fencing));
+  EXPECT_EQ(fencing.value, 0u) << "nothing to wait for: already durable";
+  EXPECT_EQ(Checkpoint("s", Stage::kDelivery).applied_block(), 101u);
+  PowerLossThenReopen();
+  EXPECT_EQ(CountOutbox(store_.get(), "s"), 2);
+  EXPECT_EQ(Checkpoint("s", Stage::kDelivery).applied_block(), 101u);
+  EXPECT_GE(Checkpoint("s").version(), version);
+}
+
 TEST_F(StoreFaultTest, DeferredCommitWhoseSyncFailsFailsTheStoreAndIsLostOnPowerLoss) {
   Arm(FaultInjectionFs::kSync, FaultInjectionFs::Error::kIoError);
   SyncTicket ticket;

@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "rocksdb/filter_policy.h"
+#include "rocksdb/listener.h"
 #include "rocksdb/slice_transform.h"
 #include "rocksdb/table.h"
 #include "rocksdb/transaction_log.h"
@@ -175,7 +176,53 @@ class HoldWrites : public rocksdb::WriteBatch::Handler {
   std::vector<Write> writes_;
 };
 
+const char* BackgroundWork(rocksdb::BackgroundErrorReason reason) {
+  switch (reason) {
+    case rocksdb::BackgroundErrorReason::kFlush:
+    case rocksdb::BackgroundErrorReason::kFlushNoWAL:
+      return "flush";
+    case rocksdb::BackgroundErrorReason::kCompaction:
+      return "compaction";
+    case rocksdb::BackgroundErrorReason::kWriteCallback:
+      return "write";
+    case rocksdb::BackgroundErrorReason::kMemTable:
+      return "memtable switch";
+    case rocksdb::BackgroundErrorReason::kManifestWrite:
+    case rocksdb::BackgroundErrorReason::kManifestWriteNoWAL:
+      return "manifest write";
+  }
+  return "work";
+}
+
 }  // namespace
+
+// Keeps the first failure of RocksDB's background work. RocksDB stops writes after a
+// hard one and returns it to the next write, but a store whose sources are all caught
+// up may not write for hours, and a soft one (a compaction out of space) does not stop
+// writes at all: the store's health reports either at once, and the store refuses
+// writes after it as after a failed write (no automatic resume, StoreRocksOptions).
+class BackgroundErrorListener : public rocksdb::EventListener {
+ public:
+  void OnBackgroundError(rocksdb::BackgroundErrorReason reason,
+                         rocksdb::Status* error) override {
+    if (error == nullptr || error->ok() || error->IsShutdownInProgress() ||
+        error->IsColumnFamilyDropped()) {
+      return;
+    }
+    absl::Status s = FromRocks(*error, absl::StrCat("background ", BackgroundWork(reason)));
+    absl::MutexLock lock(&mu_);
+    if (first_.ok()) first_ = std::move(s);
+  }
+
+  absl::Status first() const {
+    absl::MutexLock lock(&mu_);
+    return first_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Status first_ ABSL_GUARDED_BY(mu_);
+};
 
 std::string IdentityHash(const handoff::v1::SourceSpec& spec) {
   std::string identity;
@@ -275,18 +322,25 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const StoreOptions& options) 
     }
   }
 
+  auto background_errors = std::make_shared<BackgroundErrorListener>();
+  db_options.listeners.push_back(background_errors);
   rocksdb::DB* raw = nullptr;
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   RETURN_IF_ERROR(FromRocks(rocksdb::DB::Open(db_options, options.path, families, &handles, &raw),
                             absl::StrCat("open ", options.path)));
-  std::unique_ptr<Store> store(new Store(options, raw, std::move(handles)));
+  std::unique_ptr<Store> store(
+      new Store(options, std::move(background_errors), raw, std::move(handles)));
   RETURN_IF_ERROR(store->CheckSchema());
   return store;
 }
 
-Store::Store(const StoreOptions& options, rocksdb::DB* db,
+Store::Store(const StoreOptions& options,
+             std::shared_ptr<BackgroundErrorListener> background_errors, rocksdb::DB* db,
              std::vector<rocksdb::ColumnFamilyHandle*> handles)
-    : options_(options), db_(db), handles_(std::move(handles)) {
+    : options_(options),
+      db_(db),
+      handles_(std::move(handles)),
+      background_errors_(std::move(background_errors)) {
   cfs_.sources = handles_[1];
   cfs_.checkpoints = handles_[2];
   cfs_.receipts = handles_[3];
@@ -565,7 +619,11 @@ void Store::AfterRowWrite(size_t bytes) {
   fo.wait = false;
   fo.allow_write_stall = true;
   // A failed switch only costs the next flush's alignment (the epochs stay correct).
-  db_->Flush(fo, cfs_.rows).PermitUncheckedError();
+  // None after a failed write: the switch would flush (and sync) through the WAL
+  // writer that failed (see Flush()).
+  if (CheckWritable("switch the rows' memtable").ok()) {
+    db_->Flush(fo, cfs_.rows).PermitUncheckedError();
+  }
   if (row_epoch_ < (keys::kMaxRowEpoch >> kCommitOrderBits)) ++row_epoch_;
   epoch_bytes_.store(0);
 }
@@ -606,17 +664,23 @@ Store::MemoryUsage Store::memory_usage() const {
   return usage;
 }
 
+absl::Status Store::FailureLocked() const {
+  if (!write_failure_.ok()) return write_failure_;
+  return background_errors_->first();
+}
+
 absl::Status Store::health() const {
   absl::MutexLock lock(&health_mu_);
-  return write_failure_;
+  return FailureLocked();
 }
 
 absl::Status Store::CheckWritable(absl::string_view operation) const {
   absl::MutexLock lock(&health_mu_);
-  if (write_failure_.ok()) return absl::OkStatus();
+  const absl::Status failure = FailureLocked();
+  if (failure.ok()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat("storage: refusing ", operation,
                                                     " after an earlier write failure: ",
-                                                    write_failure_.message()));
+                                                    failure.message()));
 }
 
 absl::Status Store::CheckFreeSpace(size_t bytes) const {

@@ -217,6 +217,8 @@ struct CheckpointUpdate {
 // Which staged column family to scan.
 enum class StagedFamily { kReceipts, kQuarantine, kHolds };
 
+class BackgroundErrorListener;
+
 class Store {
  public:
   class Snapshot;
@@ -395,7 +397,9 @@ class Store {
   };
   WalSyncStats wal_sync_stats() const ABSL_LOCKS_EXCLUDED(wal_file_mu_);
 
-  // OK while writes succeed; the first write failure otherwise (sticky until reopen).
+  // OK while writes succeed; the first write failure otherwise, or the first failure
+  // of RocksDB's own background work (a flush, a compaction, a memtable switch), which
+  // no write need have met yet (sticky until reopen).
   absl::Status health() const ABSL_LOCKS_EXCLUDED(health_mu_);
 
   // Flushes memtables (tests, shutdown). FAILED_PRECONDITION after a failed write.
@@ -412,7 +416,8 @@ class Store {
   MemoryUsage memory_usage() const;
 
  private:
-  Store(const StoreOptions& options, rocksdb::DB* db,
+  Store(const StoreOptions& options, std::shared_ptr<BackgroundErrorListener> background_errors,
+        rocksdb::DB* db,
         std::vector<rocksdb::ColumnFamilyHandle*> handles);
 
   absl::Status CheckSchema();
@@ -547,6 +552,10 @@ class Store {
 
   mutable absl::Mutex health_mu_;
   absl::Status write_failure_ ABSL_GUARDED_BY(health_mu_);
+  // RocksDB's background failures, as RocksDB reports them (constant pointer).
+  const std::shared_ptr<BackgroundErrorListener> background_errors_;
+  // The first failure: a write's, else a background one's.
+  absl::Status FailureLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(health_mu_);
   // Writes hold it shared from their writability check to the recording of their
   // failure; RocksDB's SyncWAL holds it exclusively (see SyncWal).
   absl::Mutex wal_mu_ ABSL_ACQUIRED_BEFORE(health_mu_);

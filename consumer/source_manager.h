@@ -115,6 +115,11 @@ class SourceManager {
 
   // Progress of every source (metrics scrapes, health).
   virtual std::vector<handoff::v1::Progress> AllProgress() = 0;
+
+  // The store failed (its health is `failure`): every running source halts as
+  // STORAGE_FAILED now, not at its next write, which a caught-up source may not make
+  // for hours. Idempotent (the health ticker calls it while the store stays failed).
+  virtual void HaltOnStoreFailure(const absl::Status& failure) {}
 };
 
 }  // namespace handoff::consumer

@@ -150,6 +150,15 @@ void SourceManagerImpl::Shutdown() {
   board_.Close();
 }
 
+void SourceManagerImpl::HaltOnStoreFailure(const absl::Status& failure) {
+  // Under the lock, as Shutdown stops them: no worker is reaped meanwhile, and a halt
+  // takes no lock of the manager's (PersistHalt's write is refused by the failed store).
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, worker] : workers_) {
+    if (!worker->finished()) worker->HaltForStoreFailure(failure);
+  }
+}
+
 bool SourceManagerImpl::IsRunning(absl::string_view id) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(id);

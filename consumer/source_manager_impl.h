@@ -60,6 +60,7 @@ class SourceManagerImpl final : public SourceManager {
   absl::StatusOr<handoff::v1::QueryEventsResponse> QueryEvents(
       const handoff::v1::QueryEventsRequest& request) override;
   std::vector<handoff::v1::Progress> AllProgress() override;
+  void HaltOnStoreFailure(const absl::Status& failure) override;
 
   // Tests: the worker of `id`, or nullptr.
   SourceWorker* WorkerForTest(absl::string_view id) ABSL_LOCKS_EXCLUDED(mu_);

@@ -172,6 +172,12 @@ void SourceWorker::Poke() {
   cv_.SignalAll();
 }
 
+void SourceWorker::HaltForStoreFailure(const absl::Status& failure) {
+  if (halted_.load() || stop_.load()) return;
+  Halt(handoff::v1::SOURCE_STATE_STORAGE_FAILED,
+       absl::StrCat("the store failed: ", failure.message()), failure);
+}
+
 bool SourceWorker::finished() const {
   absl::MutexLock lock(&mu_);
   return started_ && running_threads_ == 0;

@@ -149,6 +149,11 @@ class SourceWorker {
   bool Join(absl::Duration timeout = absl::InfiniteDuration()) ABSL_LOCKS_EXCLUDED(mu_);
   // Something changed in the durable state (a hold resolved): wake and re-check now.
   void Poke() ABSL_LOCKS_EXCLUDED(mu_);
+  // The store failed (Store::health()) though this worker may write nothing for hours (a
+  // caught-up source, parked or reading a stream's heartbeats): it halts as
+  // STORAGE_FAILED now, closing its connection, as if its own write had failed. No-op
+  // once halted or stopping.
+  void HaltForStoreFailure(const absl::Status& failure);
 
   // True once every thread has exited (stopped, halted or crashed).
   bool finished() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -46,6 +46,8 @@ void HealthReporter::Run() {
 
 void HealthReporter::Refresh() {
   const absl::Status store = store_health_();
+  // Sources that write nothing (caught up) would otherwise poll on over a failed store.
+  if (!store.ok()) manager_->HaltOnStoreFailure(store);
   const std::vector<handoff::v1::Progress> all = manager_->AllProgress();
 
   absl::MutexLock lock(&mu_);

@@ -16,6 +16,9 @@
 //
 // Statuses are refreshed by one ticker thread every `interval` (absl::Notification
 // wait, not a busy loop), reading SourceManager::AllProgress() and the store's health.
+// While the store is failed each pass also halts every running source
+// (SourceManager::HaltOnStoreFailure): a caught-up source writes nothing that would
+// meet the failure, and would poll its provider on.
 //
 // Thread-safe. Start() at most once; Stop() is safe when never started and idempotent.
 #ifndef HANDOFF_SERVER_HEALTH_H_

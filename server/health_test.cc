@@ -108,6 +108,11 @@ TEST_F(HealthReporterTest, UnusableStoreMakesEverythingNotServing) {
   EXPECT_FALSE(status["running"]);
   ASSERT_FALSE(lines_.empty());
   EXPECT_NE(lines_.back().find("sync failed"), std::string::npos);
+  // The running sources are told to halt, each pass while the store stays failed.
+  ASSERT_EQ(manager_.store_failures().size(), 1u);
+  EXPECT_EQ(manager_.store_failures()[0], absl::UnavailableError("sync failed"));
+  reporter_.Refresh();
+  EXPECT_EQ(manager_.store_failures().size(), 2u);
 
   {
     absl::MutexLock lock(&mu_);
@@ -115,6 +120,7 @@ TEST_F(HealthReporterTest, UnusableStoreMakesEverythingNotServing) {
   }
   reporter_.Refresh();
   EXPECT_TRUE(health_.status()[""]);
+  EXPECT_EQ(manager_.store_failures().size(), 2u) << "a healthy store halts nothing";
 }
 
 TEST_F(HealthReporterTest, DeletedSourceBecomesNotServing) {

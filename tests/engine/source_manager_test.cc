@@ -1081,6 +1081,38 @@ TEST_F(ManagerTest, CaughtUpPollsAreMadeByTheSharedPollerThread) {
   manager_->Shutdown();
 }
 
+// A failed store halts a caught-up source at once: it writes nothing that would meet the
+// failure, and parked, it would have polled on for good. Its threads end, its state and
+// error say why; a stopped source stays as it is.
+TEST_F(ManagerTest, AFailedStoreHaltsACaughtUpSourceThatWritesNothing) {
+  FakeProvider& p = providers_["a"];  // nothing at "100": every poll is empty
+  ASSERT_TRUE(Create(Spec("a"), true).ok());
+  ASSERT_TRUE(Create(Spec("b"), false).ok());
+  ASSERT_TRUE(WaitFor("a", [&](const handoff::v1::Progress& pr) {
+    return pr.state() == handoff::v1::SOURCE_STATE_BACKING_OFF && p.fetches() >= 2 &&
+           p.fetch_threads().back() == "idle-poller";
+  }));
+  const absl::Status failure = absl::UnavailableError("storage: WAL sync: disk gone");
+  manager_->HaltOnStoreFailure(failure);
+  ASSERT_TRUE(WaitFor("a", [](const handoff::v1::Progress& pr) {
+    return pr.state() == handoff::v1::SOURCE_STATE_STORAGE_FAILED;
+  }));
+  consumer::SourceWorker* worker =
+      static_cast<consumer::SourceManagerImpl*>(manager_.get())->WorkerForTest("a");
+  ASSERT_NE(worker, nullptr);
+  EXPECT_TRUE(worker->Join(absl::Seconds(60))) << "a parked worker's threads went on";
+  absl::StatusOr<handoff::v1::Progress> a = manager_->GetProgress("a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(absl::StrContains(a->reason(), "the store failed: storage: WAL sync: disk gone"))
+      << a->reason();
+  EXPECT_EQ(a->last_error().code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  manager_->HaltOnStoreFailure(failure);  // again: nothing changes
+  absl::StatusOr<handoff::v1::Progress> b = manager_->GetProgress("b");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->state(), handoff::v1::SOURCE_STATE_STOPPED);
+  manager_->Shutdown();
+}
+
 // A parked source's empty page with an unchanged cursor that the page validator refuses
 // (here: it starts past the committed range, a gap) is not taken for "nothing new" by the
 // poller: the worker gets it and halts, as it would have polling on its own.

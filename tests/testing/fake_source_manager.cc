@@ -217,6 +217,16 @@ absl::StatusOr<handoff::v1::QueryEventsResponse> FakeSourceManager::QueryEvents(
   return handoff::v1::QueryEventsResponse();
 }
 
+void FakeSourceManager::HaltOnStoreFailure(const absl::Status& failure) {
+  absl::MutexLock lock(&mu_);
+  store_failures_.push_back(failure);
+}
+
+std::vector<absl::Status> FakeSourceManager::store_failures() const {
+  absl::MutexLock lock(&mu_);
+  return store_failures_;
+}
+
 std::vector<handoff::v1::Progress> FakeSourceManager::AllProgress() {
   std::vector<handoff::v1::Progress> out;
   absl::MutexLock lock(&mu_);

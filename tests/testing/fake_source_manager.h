@@ -51,6 +51,8 @@ class FakeSourceManager final : public consumer::SourceManager {
   absl::StatusOr<handoff::v1::QueryEventsResponse> QueryEvents(
       const handoff::v1::QueryEventsRequest& request) override;
   std::vector<handoff::v1::Progress> AllProgress() override;
+  // Records the failure (store_failures()).
+  void HaltOnStoreFailure(const absl::Status& failure) override;
 
   // ---- Test controls ----
   // Replaces a source's progress (source_id taken from `progress`), bumps its
@@ -60,6 +62,8 @@ class FakeSourceManager final : public consumer::SourceManager {
   std::string last_actor() const;
   int recover_calls() const;
   int shutdown_calls() const;
+  // Every HaltOnStoreFailure call's failure, in order.
+  std::vector<absl::Status> store_failures() const;
   // Calls of WaitProgress currently blocked.
   int waiters() const;
   // Blocks until at least `n` WaitProgress calls are blocked (tests use it to know a
@@ -79,6 +83,7 @@ class FakeSourceManager final : public consumer::SourceManager {
   int recover_calls_ ABSL_GUARDED_BY(mu_) = 0;
   int shutdown_calls_ ABSL_GUARDED_BY(mu_) = 0;
   int waiters_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<absl::Status> store_failures_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace handoff::testing

@@ -23,6 +23,17 @@ const std::string& DurableIdentity(const ReceiptLedger::Entry& entry) {
   return entry.hold->event().block_hash();
 }
 
+// The block hash the ledger holds for `block` (its first durable outcome or hold
+// there), or null when it holds none.
+const std::string* LedgerBlockHash(const ReceiptLedger& ledger, uint64_t block) {
+  for (auto it = ledger.entries().lower_bound(Position{block, 0});
+       it != ledger.entries().end() && it->first.block == block; ++it) {
+    const std::string& identity = DurableIdentity(it->second);
+    if (!identity.empty()) return &identity;
+  }
+  return nullptr;
+}
+
 // Positions whose durable outcome or hold the page repeats with the same identity.
 absl::flat_hash_set<std::pair<uint64_t, uint64_t>> RepeatedIdentities(
     const Page& page, const ReceiptLedger& ledger) {
@@ -139,7 +150,11 @@ PageVerdict ValidatePage(const Page& page, const std::string& request_cursor,
       return !cp.has_covered() || pos.block > cp.covered_through();
     };
     bool replace_uncommitted = false;
-    // Items must agree with what was applied.
+    // Items must agree with what was applied: at their own position, and in their block
+    // (a new event in a committed block on another fork's hash is that fork's block
+    // replacing the applied one, which only a correction may do).
+    std::optional<uint64_t> block_checked;
+    const std::string* block_hash = nullptr;
     for (const handoff::v1::EventRow& row : page.items) {
       Position pos = PositionOf(row);
       const ReceiptLedger::Entry* entry = ledger.Find(pos);
@@ -164,6 +179,19 @@ PageVerdict ValidatePage(const Page& page, const std::string& request_cursor,
                                    applied->DebugString(),
                                    " on a non-correction page (a backfill the contract forbids)");
         return v;
+      }
+      if (!uncommitted(pos)) {
+        if (block_checked != row.block_number()) {
+          block_checked = row.block_number();
+          block_hash = LedgerBlockHash(ledger, *block_checked);
+        }
+        if (block_hash != nullptr && *block_hash != row.block_hash()) {
+          v.violation = absl::StrCat("conflicting identity in committed block ", pos.block,
+                                     ": block hash ", row.block_hash(), " at ",
+                                     pos.DebugString(), " on a non-correction page, ",
+                                     *block_hash, " applied");
+          return v;
+        }
       }
     }
     // Above the committed range, an outcome or hold the page does not repeat with the

@@ -466,6 +466,28 @@ TEST(UnsafeShortcuts, AnOverlappingPageNeverShrinksTheCommittedRange) {
   EXPECT_EQ(h.Rows().at(P(108)), MakeRow(108).block_hash()) << "the applied 108 was replaced";
 }
 
+// A non-correction page that overlaps the committed range with a new event in a
+// committed block, on another fork's block hash, is that fork's block replacing the
+// applied one, which only a correction may do: the source halts before any effect.
+// Before: the new event was applied beside the old fork's, block 105 held both.
+TEST(UnsafeShortcuts, AnotherForksEventInACommittedBlockHaltsOutsideACorrection) {
+  Harness h(consumer::testing::TestDir("overlap-other-fork"), HarnessOptions{});
+  h.Open();
+  Script s;
+  s.cursors = {"100", "N1"};
+  s.pages.push_back(MakePage(100, 105, {MakeRow(105, 0, "a")}, "N1"));
+  s.pages.push_back(MakePage(105, 106, {MakeRow(105, 1, "b"), MakeRow(106, 0, "b")}, "N2"));
+  h.Load(s);
+  ASSERT_EQ(h.Step().kind, Kind::kPromoted);
+  const PageAttempt::Result r = h.Step();
+  EXPECT_EQ(r.kind, Kind::kViolation) << r.detail;
+  EXPECT_NE(r.detail.find("conflicting identity in committed block 105"), std::string::npos)
+      << r.detail;
+  EXPECT_EQ(h.Rows().count(P(105, 1)), 0u) << "another fork's event was applied";
+  EXPECT_EQ(h.Rows().count(P(106)), 0u);
+  EXPECT_EQ(h.Checkpoint().resume_cursor(), "N1");
+}
+
 TEST(UnsafeShortcuts, AppliedWatermarkIsNeverTheLargestPositionInThePage) {
   HarnessOptions o = ReviewSink();
   o.sink_batch = 3;

@@ -281,6 +281,11 @@ std::unique_ptr<store::StepBatch> PageAttempt::NewStep(size_t events) {
     reserve = std::min(events, page_.items.size()) * per_event;
   }
   std::unique_ptr<store::StepBatch> step = config_.store->NewStep(config_.source_id, reserve);
+  // Every step of a page that replaces history fences the delivery stage, the steps that
+  // only insert too (StepBatch::MarkReplacesHistory).
+  if (config_.stage == store::Stage::kIngest && (page_.reorg || !orphans_.empty())) {
+    step->MarkReplacesHistory();
+  }
   // The replaced range is deleted before anything of the page is inserted, in the same
   // batch as the page's first effects.
   StageOrphans(step.get());
@@ -306,8 +311,8 @@ void PageAttempt::StageOrphans(store::StepBatch* step) {
 
 // A delivery page is a run of consecutive outbox entries (SourceWorker::ReadOutbox), so
 // slots i and i + 1 are adjacent entries: no entry lies between their positions, and
-// none can appear there before this step commits (an ingest correction that rewrites
-// entries fences the step, Store::FenceDeliveryLocked). A run of consecutive terminal
+// none can appear there before this step commits (every step of an ingest correction
+// fences the step, Store::FenceDeliveryLocked). A run of consecutive terminal
 // slots is thus removed by one range deletion.
 void PageAttempt::StageOutboxRemovals(const std::vector<size_t>& newly,
                                       store::StepBatch* step) const {

@@ -70,6 +70,14 @@ class StepBatch {
   // fences that stage (Store::CommitStep).
   const std::optional<Position>& lowest_outbox_write() const { return lowest_outbox_write_; }
   bool deletes_outbox() const { return deletes_outbox_; }
+  // A step of a page that replaces history (a correction, or the outcomes of an attempt a
+  // crash abandoned): whatever it writes, it fences the delivery stage. Its new entries
+  // may lie inside a run the delivery already read from before the correction (up to the
+  // ingest position published then), even above the delivery's own position and with
+  // nothing deleted: a commit of that run would step over them, or delete them with its
+  // range deletion.
+  void MarkReplacesHistory() { replaces_history_ = true; }
+  bool replaces_history() const { return replaces_history_; }
 
   // Number of operations added so far (a noted row deletion counts once added).
   int count() const { return batch_.Count() + static_cast<int>(row_deletes_.size()); }
@@ -83,6 +91,7 @@ class StepBatch {
     changes_operator_records_ = false;
     lowest_outbox_write_.reset();
     deletes_outbox_ = false;
+    replaces_history_ = false;
     row_puts_.clear();
     row_deletes_.clear();
   }
@@ -119,6 +128,7 @@ class StepBatch {
   bool changes_operator_records_ = false;
   std::optional<Position> lowest_outbox_write_;
   bool deletes_outbox_ = false;
+  bool replaces_history_ = false;
   std::vector<RowPut> row_puts_;        // in the order put
   std::vector<Position> row_deletes_;  // resolved to keys by the commit
 };

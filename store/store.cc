@@ -1185,18 +1185,20 @@ absl::Status Store::AddHoldFloorsLocked(absl::string_view id, rocksdb::WriteBatc
 
 absl::StatusOr<std::optional<CheckpointRecord>> Store::FenceDeliveryLocked(
     absl::string_view id, const StepBatch& step) {
-  if (!step.lowest_outbox_write().has_value()) return std::nullopt;
+  if (!step.lowest_outbox_write().has_value() && !step.replaces_history()) return std::nullopt;
   absl::StatusOr<CheckpointRecord> delivery = LoadCheckpointLocked(id, Stage::kDelivery);
   if (absl::IsNotFound(delivery.status())) return std::nullopt;
   RETURN_IF_ERROR(delivery.status());
-  const Position low = *step.lowest_outbox_write();
+  const std::optional<Position>& lowest = step.lowest_outbox_write();
   const bool passed =
-      delivery->has_applied() &&
-      Position{delivery->applied_block(), delivery->applied_log_index()} >= low;
-  // Puts above the applied position are new events, which the delivery reads when it
-  // gets there; anything else may rewrite what a delivery in flight has read.
-  if (!passed && !step.deletes_outbox()) return std::nullopt;
+      lowest.has_value() && delivery->has_applied() &&
+      Position{delivery->applied_block(), delivery->applied_log_index()} >= *lowest;
+  // A plain page's puts above the applied position are new events, which the delivery
+  // reads when it gets there; anything else may rewrite what a delivery in flight has
+  // read (StepBatch::MarkReplacesHistory).
+  if (!passed && !step.deletes_outbox() && !step.replaces_history()) return std::nullopt;
   if (passed) {
+    const Position low = *lowest;
     if (low == Position{0, 0}) {
       delivery->set_has_applied(false);
       delivery->set_applied_block(0);

@@ -272,8 +272,9 @@ class Store {
   // reopen: all of the step, never part of it), so reread the checkpoint after
   // reopening; FAILED_PRECONDITION once an earlier write failed (before the fence is
   // checked). On failure `batch` is left as the caller built it. An ingest step that
-  // deletes outbox entries or writes one the delivery stage has passed also commits the
-  // fenced, rewound delivery checkpoint (FenceDeliveryLocked), and is then written synced
+  // deletes outbox entries, writes one the delivery stage has passed, or replaces history
+  // (StepBatch::MarkReplacesHistory) also commits the fenced (and, where it had passed
+  // them, rewound) delivery checkpoint (FenceDeliveryLocked), and is then written synced
   // even when `deferred` asks otherwise (its ticket is 0). A hold the step puts may be
   // stored at a higher version than the caller gave it (the hold-version invariant above),
   // which a reader of the hold sees.

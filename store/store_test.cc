@@ -326,6 +326,23 @@ TEST_F(StoreTest, IngestCorrectionFencesAndRewindsTheDeliveryStage) {
   ASSERT_TRUE(delivery_step(d).ok());
   EXPECT_EQ(CountOutbox(store_.get(), "s"), 1);
 
+  // A correction step that only inserts, above the delivery's position (the old fork
+  // had no event there, 102:5): a delivery reading a run from before it (here, 102:0 to
+  // 103:0) would step over the new entry, or delete it with its range deletion. The step
+  // fences the stage all the same; the applied position stays (it had not passed it).
+  const CheckpointRecord before_insert = Checkpoint("s", Stage::kDelivery);
+  ingest([](StepBatch* step) {
+    step->MarkReplacesHistory();
+    step->PutOutbox(Position{102, 5}, RowBytes(Position{102, 5}));
+  });
+  d = Checkpoint("s", Stage::kDelivery);
+  EXPECT_EQ(d.step_seq(), before_insert.step_seq() + 1) << "a delivery in flight went on";
+  EXPECT_EQ(d.outbox_epoch(), before_insert.outbox_epoch() + 1);
+  EXPECT_EQ(d.applied_block(), before_insert.applied_block());
+  EXPECT_EQ(d.applied_log_index(), before_insert.applied_log_index());
+  EXPECT_TRUE(absl::IsAborted(delivery_step(before_insert).status()));
+  ASSERT_TRUE(delivery_step(d).ok());
+
   // A deeper correction writing 101:1 and 101:0, which the delivery stage has passed:
   // its applied position goes back below the lowest entry written, so they are read.
   ingest([](StepBatch* step) {
@@ -333,7 +350,7 @@ TEST_F(StoreTest, IngestCorrectionFencesAndRewindsTheDeliveryStage) {
     step->PutOutbox(Position{101, 0}, RowBytes(Position{101, 0}, 7));
   });
   d = Checkpoint("s", Stage::kDelivery);
-  EXPECT_EQ(d.outbox_epoch(), before.outbox_epoch() + 2);
+  EXPECT_EQ(d.outbox_epoch(), before.outbox_epoch() + 3);
   EXPECT_TRUE(d.has_applied());
   EXPECT_EQ(d.applied_block(), 100u);
   EXPECT_EQ(d.applied_log_index(), kMax);
@@ -342,8 +359,8 @@ TEST_F(StoreTest, IngestCorrectionFencesAndRewindsTheDeliveryStage) {
   Reopen();
   d = Checkpoint("s", Stage::kDelivery);
   EXPECT_FALSE(d.has_applied());
-  EXPECT_EQ(d.outbox_epoch(), before.outbox_epoch() + 3);
-  EXPECT_EQ(d.step_seq(), before.step_seq() + 4);  // three fences and the delivery step
+  EXPECT_EQ(d.outbox_epoch(), before.outbox_epoch() + 4);
+  EXPECT_EQ(d.step_seq(), before.step_seq() + 6);  // four fences and two delivery steps
 }
 
 TEST_F(StoreTest, RacingCompareAndSwapHasExactlyOneWinner) {

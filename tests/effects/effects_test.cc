@@ -493,6 +493,52 @@ TEST(Effects, SafeGateDeliversTheEventsOfAReorgBelowWhatWasDelivered) {
   }
 }
 
+// A correction that only inserts (the old fork had no event in block 104, so nothing is
+// orphaned) while a delivery waits to retry a run read before it (100:0, 103:0, 106:0):
+// the delivery is fenced and rereads, so the new 104:0 is delivered. Before: the retried
+// run committed as read, its range deletion (100:0-106:0) took 104:0's outbox entry with
+// it, and 104:0 was never delivered.
+TEST(Effects, AnInsertOnlyCorrectionFencesADeliveryWaitingToRetry) {
+  Rig rig(consumer::testing::TestDir("insert-only-correction"));
+  FakeProvider& provider = rig.provider("ins");
+  provider.SetPage("100", WithMarks(MakePage(100, 106, {MakeRow(100), MakeRow(103), MakeRow(106)},
+                                             "c1"),
+                                    100, 106));
+  // The first call is answered RETRY_LATER, to be retried 10 s later: time enough for
+  // the correction below to commit meanwhile (a page, well under a second).
+  handoff::sim::v1::FaultConfig faults;
+  faults.set_fail_next_calls(1);
+  faults.set_retry_after_ms(10000);
+  rig.sink()->SetFaults(faults);
+  rig.Create(rig.Spec("ins", handoff::v1::DELIVERY_GATE_SAFE));
+  ASSERT_TRUE(rig.WaitFor("ins", [&](const handoff::v1::Progress& p) {
+    return p.checkpoint().resume_cursor() == "c1" && rig.sink()->stats().retry_later() >= 1;
+  })) << "the delivery never met its RETRY_LATER";
+  provider.SetPage("c1", WithMarks(MakePage(104, 104, {MakeRow(104, 0, "b")}, "c2",
+                                            /*reorg=*/true),
+                                   100, 106));
+  // Then the chain goes on past 106 (the correction rewound the applied position to
+  // below block 104; 106:0 is replayed and applied again above it).
+  provider.SetPage("c2", WithMarks(MakePage(105, 107, {MakeRow(106), MakeRow(107, 0, "b")}, "c3"),
+                                   100, 107));
+  ASSERT_TRUE(rig.WaitFor("ins", [](const handoff::v1::Progress& p) {
+    return p.checkpoint().resume_cursor() == "c3";
+  }));
+  ASSERT_TRUE(rig.WaitFor("ins", [&](const handoff::v1::Progress&) {
+    return rig.Records().count(KeyOf("ins", 104, 0, "b")) == 1;
+  }, absl::Seconds(60))) << "the correction's new event was never delivered";
+  ASSERT_TRUE(rig.WaitFor("ins", [](const handoff::v1::Progress& p) {
+    return DeliveredThrough(p, 107, 0);
+  }));
+  std::map<std::string, sim::SinkRecord> records = rig.Records();
+  for (const std::string& key : {KeyOf("ins", 100, 0, "a"), KeyOf("ins", 103, 0, "a"),
+                                 KeyOf("ins", 104, 0, "b"), KeyOf("ins", 106, 0, "a"),
+                                 KeyOf("ins", 107, 0, "b")}) {
+    EXPECT_EQ(records.count(key), 1u) << key;
+  }
+  EXPECT_EQ(rig.DeliveryReceipts("ins").size(), 5u);
+}
+
 // A delivery held for an operator whose event a correction then replaces: the hold goes
 // with the orphaned event, and the held event is never sent again (nobody decided to
 // retry it); the replacing events are delivered.

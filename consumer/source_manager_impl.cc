@@ -96,11 +96,22 @@ SourceManagerImpl::SourceManagerImpl(SourceManagerOptions options)
 
 SourceManagerImpl::~SourceManagerImpl() { Shutdown(); }
 
-IdlePoller* SourceManagerImpl::IdlePollerFor(const std::string& provider_url) {
+std::shared_ptr<IdlePoller> SourceManagerImpl::IdlePollerFor(const std::string& provider_url) {
   absl::MutexLock lock(&pollers_mu_);
-  std::unique_ptr<IdlePoller>& poller = idle_pollers_[provider_url];
-  if (poller == nullptr) poller = std::make_unique<IdlePoller>(options_.worker.thread_nice);
-  return poller.get();
+  for (auto it = idle_pollers_.begin(); it != idle_pollers_.end();) {
+    if (it->second.expired()) {
+      idle_pollers_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  std::weak_ptr<IdlePoller>& entry = idle_pollers_[provider_url];
+  std::shared_ptr<IdlePoller> poller = entry.lock();
+  if (poller == nullptr) {
+    poller = std::make_shared<IdlePoller>(options_.worker.thread_nice);
+    entry = poller;
+  }
+  return poller;
 }
 
 absl::Status SourceManagerImpl::CheckOpen() const {

@@ -88,7 +88,8 @@ class SourceManagerImpl final : public SourceManager {
   void PersistHalt(const handoff::v1::Progress& progress);
   absl::Status CheckOpen() const;
   // The IdlePoller of the sources polling `provider_url` (created at the first).
-  IdlePoller* IdlePollerFor(const std::string& provider_url) ABSL_LOCKS_EXCLUDED(pollers_mu_);
+  std::shared_ptr<IdlePoller> IdlePollerFor(const std::string& provider_url)
+      ABSL_LOCKS_EXCLUDED(pollers_mu_);
   // Holds or quarantine records; returns the next page token.
   template <typename Record, typename AddFn>
   absl::StatusOr<std::string> ListStaged(store::StagedFamily family, const std::string& source_id,
@@ -103,10 +104,11 @@ class SourceManagerImpl final : public SourceManager {
   DeferredDeleter deleter_;
   // Polls the caught-up polling sources (idle_poller.h): one IdlePoller, one thread, per
   // provider URL, so that a provider that stops answering delays only its own sources'
-  // polls. Created at the first polling source of a URL, kept until the manager goes;
-  // declared before workers_ so they outlive them.
+  // polls. Created at the first polling source of a URL, owned by the workers that use it
+  // (the last one's end ends its thread: sources created and deleted with ever new URLs
+  // leave no thread behind); the entries of those gone are dropped at the next lookup.
   absl::Mutex pollers_mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<IdlePoller>> idle_pollers_
+  absl::flat_hash_map<std::string, std::weak_ptr<IdlePoller>> idle_pollers_
       ABSL_GUARDED_BY(pollers_mu_);
 
   absl::Mutex ops_mu_ ABSL_ACQUIRED_BEFORE(create_mu_, mu_);

@@ -133,9 +133,9 @@ class SourceWorker {
     // (destroyed inline). Not owned; must outlive the worker.
     DeferredDeleter* deleter = nullptr;
     // Makes the polls of this source while it is caught up, if its provider is polled
-    // (Provider::PolledPerFetch); may be null (the worker polls on its own thread). Not
-    // owned; must outlive the worker.
-    IdlePoller* idle_poller = nullptr;
+    // (Provider::PolledPerFetch); may be null (the worker polls on its own thread).
+    // Shared by the workers of one provider URL: the last one to go ends its thread.
+    std::shared_ptr<IdlePoller> idle_poller;
     // Persists a halt (state, reason, funding action) so it survives restarts.
     std::function<void(const handoff::v1::Progress&)> persist_halt;
   };

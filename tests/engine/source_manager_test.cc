@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "base/thread_name.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -1078,6 +1079,38 @@ TEST_F(ManagerTest, CaughtUpPollsAreMadeByTheSharedPollerThread) {
   ASSERT_TRUE(WaitFor("a", [](const handoff::v1::Progress& pr) {
     return pr.checkpoint().resume_cursor() == "c2" && pr.counters().applied() == 3;
   }));
+  manager_->Shutdown();
+}
+
+// Sources created, started and deleted with ever new provider URLs (automation making
+// short-lived sources) leave no idle-poller thread behind: a URL's poller goes with the
+// last worker that uses it. Before: one thread per URL ever started, for good.
+TEST_F(ManagerTest, SourcesWithEverNewProviderUrlsLeaveNoPollerThreadBehind) {
+  const size_t before = ThreadsNamed("idle-poller").size();
+  for (int i = 0; i < 20; ++i) {
+    const std::string id = absl::StrCat("u", i);
+    handoff::v1::SourceSpec spec = Spec(id);
+    spec.set_provider_url(absl::StrCat("http://provider-", i, ".invalid"));
+    ASSERT_TRUE(Create(spec, true).ok());
+    ASSERT_TRUE(manager_->StopSource(id).ok());
+    ASSERT_TRUE(manager_->DeleteSource(id).ok());
+  }
+  // An ended thread can stay listed in /proc a moment after its join.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (ThreadsNamed("idle-poller").size() > before && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));  // polls a condition, with a deadline
+  }
+  EXPECT_LE(ThreadsNamed("idle-poller").size(), before);
+  // A URL in use keeps its poller, shared by its sources.
+  handoff::v1::SourceSpec a = Spec("a"), b = Spec("b");
+  ASSERT_TRUE(Create(a, true).ok());
+  ASSERT_TRUE(Create(b, true).ok());
+  ASSERT_TRUE(WaitFor("b", [&](const handoff::v1::Progress& p) {
+    // (A new thread names itself once it runs.)
+    return p.state() == handoff::v1::SOURCE_STATE_BACKING_OFF &&
+           ThreadsNamed("idle-poller").size() > before;
+  }));
+  EXPECT_EQ(ThreadsNamed("idle-poller").size(), before + 1);
   manager_->Shutdown();
 }
 

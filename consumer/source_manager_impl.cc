@@ -173,9 +173,9 @@ void SourceManagerImpl::HaltOnStoreFailure(const absl::Status& failure) {
 bool SourceManagerImpl::IsRunning(absl::string_view id) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(id);
-  // A halted worker publishes its state just before its threads exit: it counts as
-  // stopped (StopLocked joins it).
-  return it != workers_.end() && !it->second->finished() && !it->second->halted();
+  // A halted worker publishes its state just before its threads exit, and a worker whose
+  // StopSource timed out is still leaving: each counts as stopped (StopLocked joins it).
+  return it != workers_.end() && !it->second->finished() && !it->second->stop_requested();
 }
 
 SourceWorker* SourceManagerImpl::WorkerForTest(absl::string_view id) {
@@ -289,9 +289,10 @@ absl::Status SourceManagerImpl::StartLocked(const handoff::v1::Source& source,
     absl::MutexLock lock(&mu_);
     if (shut_down_) return absl::UnavailableError("the server is shutting down");
     auto it = workers_.find(id);
-    // A halted worker may still be finishing (its other thread, its persisted halt): it is
-    // reaped below and replaced, not taken for a running one.
-    if (it != workers_.end() && !it->second->finished() && !it->second->halted()) {
+    // A halted worker, or one whose stop timed out, may still be finishing (its other
+    // thread, its persisted halt, its durable step): it is reaped below and replaced,
+    // not taken for a running one.
+    if (it != workers_.end() && !it->second->finished() && !it->second->stop_requested()) {
       return absl::OkStatus();
     }
   }
@@ -366,7 +367,7 @@ absl::Status SourceManagerImpl::StopLocked(absl::string_view id) {
   }
   if (!raw->Join(options_.stop_timeout)) {
     return absl::DeadlineExceededError(absl::StrCat(
-        "source '", id, "' is still finishing its current durable step; call StopSource again"));
+        "source '", id, "' is still finishing its current durable step; try again"));
   }
   absl::MutexLock lock(&mu_);
   worker = std::move(workers_[id]);

@@ -159,6 +159,8 @@ class SourceWorker {
   bool finished() const ABSL_LOCKS_EXCLUDED(mu_);
   // True once the worker halted (its threads are exiting or gone).
   bool halted() const { return halted_.load(); }
+  // True once a stop was requested (or the worker halted): it is leaving, not running.
+  bool stop_requested() const { return stop_.load(); }
   // True if a fault point abandoned the worker (tests).
   bool crashed() const { return crashed_.load(); }
   const std::string& id() const { return spec_.id(); }

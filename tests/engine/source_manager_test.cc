@@ -357,6 +357,40 @@ TEST_F(ManagerTest, StartSourceReplacesAHaltedWorkerStillFinishing) {
   manager_->Shutdown();
 }
 
+// The same for a worker whose StopSource timed out (its delivery thread in a slow sink
+// call): it is still leaving, so StartSource waits for it and says when it cannot,
+// instead of answering OK and starting nothing (the source then stayed STOPPED).
+TEST_F(ManagerTest, StartSourceAfterATimedOutStopWaitsForTheWorkerLeaving) {
+  stop_timeout_ = absl::Milliseconds(200);
+  Restart();
+  absl::Notification in_sink, release;
+  sink_.SetScript([&](const std::string&, int) {
+    if (!in_sink.HasBeenNotified()) in_sink.Notify();
+    release.WaitForNotification();
+    consumer::SinkAnswer a;
+    a.kind = consumer::SinkAnswer::Kind::kApplied;
+    return a;
+  });
+  ASSERT_TRUE(Create(GatedWithAFinalizedPage("t"), true).ok());
+  in_sink.WaitForNotification();  // the delivery thread is in the sink
+  absl::StatusOr<handoff::v1::Source> stopped = manager_->StopSource("t");
+  EXPECT_EQ(stopped.status().code(), absl::StatusCode::kDeadlineExceeded) << stopped.status();
+  absl::StatusOr<handoff::v1::Source> started = manager_->StartSource("t");
+  EXPECT_EQ(started.status().code(), absl::StatusCode::kDeadlineExceeded) << started.status();
+  release.Notify();
+  started = manager_->StartSource("t");
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(30);
+       absl::IsDeadlineExceeded(started.status()) && absl::Now() < give_up;) {
+    started = manager_->StartSource("t");
+  }
+  ASSERT_TRUE(started.ok()) << started.status();
+  ASSERT_TRUE(WaitFor("t", [](const handoff::v1::Progress& p) {
+    return p.state() == handoff::v1::SOURCE_STATE_BACKING_OFF &&
+           p.checkpoint().resume_cursor() == "c1";
+  })) << "a new worker runs";
+  manager_->Shutdown();
+}
+
 TEST_F(ManagerTest, UpdateSourceAppliesSafeChangesAndRefusesOthersNamingThem) {
   providers_["u"].SetPage("100", MakePage(100, 100, {MakeRow(100)}, "c1"));
   ASSERT_TRUE(Create(Spec("u"), true).ok());

@@ -20,6 +20,11 @@
 namespace handoff::consumer {
 namespace {
 
+// A listing's reply ends before its records pass this many bytes (always with one at
+// least), and says where to go on: gRPC clients refuse replies over 4 MiB by default,
+// and a reply is built whole in memory. Rows and holds carry a log's data, unbounded.
+constexpr size_t kMaxReplyBytes = 3 << 20;
+
 // A spec that leaves the gate unset means "the default" for a new source; an existing
 // source keeps the gate it was created with (sources created when the default was
 // IMMEDIATE, declared in a config that never named a gate, stay as they were instead of
@@ -577,14 +582,16 @@ absl::StatusOr<std::string> SourceManagerImpl::ListStaged(store::StagedFamily fa
   std::string last_key;
   bool more = false;
   int count = 0;
+  size_t bytes = 0;
   absl::Status parse_error;
   RETURN_IF_ERROR(store_->ScanAll(family, after, [&](absl::string_view key,
                                                      absl::string_view value) {
     if (!prefix.empty() && !absl::StartsWith(key, prefix)) return false;
-    if (count == size) {
+    if (count == size || (count > 0 && bytes + value.size() > kMaxReplyBytes)) {
       more = true;
       return false;
     }
+    bytes += value.size();
     Record* record = add();
     if (!record->ParseFromArray(value.data(), value.size())) {
       parse_error = absl::DataLossError("unreadable hold or quarantine record");
@@ -794,6 +801,7 @@ absl::StatusOr<handoff::v1::QueryEventsResponse> SourceManagerImpl::QueryEvents(
   absl::Status parse_error;
   std::optional<Position> next;
   store::RowDecoder decoder;
+  size_t bytes = 0;
   RETURN_IF_ERROR(store_->ScanRows(
       request.source_id(), from, to,
       [&](Position pos, absl::string_view value) {
@@ -801,8 +809,16 @@ absl::StatusOr<handoff::v1::QueryEventsResponse> SourceManagerImpl::QueryEvents(
           next = pos;
           return false;
         }
-        parse_error = decoder.Decode(value, response.add_rows());
+        handoff::v1::EventRow* row = response.add_rows();
+        parse_error = decoder.Decode(value, row);
         if (!parse_error.ok()) return false;
+        const size_t row_bytes = row->ByteSizeLong();
+        if (response.rows_size() > 1 && bytes + row_bytes > kMaxReplyBytes) {
+          response.mutable_rows()->RemoveLast();
+          next = pos;
+          return false;
+        }
+        bytes += row_bytes;
         return true;
       },
       view.get()));

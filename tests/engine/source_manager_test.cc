@@ -391,6 +391,39 @@ TEST_F(ManagerTest, StartSourceAfterATimedOutStopWaitsForTheWorkerLeaving) {
   manager_->Shutdown();
 }
 
+// Rows carry a log's data, unbounded: a QueryEvents page ends before its reply passes
+// 3 MiB (gRPC clients refuse replies over 4 MiB by default), and the token goes on from
+// there; every row comes back once. Before: 20 rows of 512 KiB of hex came in one ~10 MiB
+// reply, which a default client could not read.
+TEST_F(ManagerTest, QueryEventsPagesEndBeforeTheReplyOutgrowsAClient) {
+  std::vector<handoff::v1::EventRow> items;
+  for (uint64_t b = 100; b < 120; ++b) {
+    handoff::v1::EventRow row = MakeRow(b);
+    row.set_data(absl::StrCat("0x", std::string(512 << 10, 'a')));
+    items.push_back(std::move(row));
+  }
+  providers_["big"].SetPage("100", MakePage(100, 119, std::move(items), "c1"));
+  ASSERT_TRUE(Create(Spec("big"), true).ok());
+  WaitForCursor("big", "c1");
+  handoff::v1::QueryEventsRequest q;
+  q.set_source_id("big");
+  std::vector<uint64_t> blocks;
+  int pages = 0;
+  do {
+    absl::StatusOr<handoff::v1::QueryEventsResponse> r = manager_->QueryEvents(q);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_GT(r->rows_size(), 0);
+    EXPECT_LE(r->ByteSizeLong(), size_t{4} << 20) << "page " << pages;
+    for (const handoff::v1::EventRow& row : r->rows()) blocks.push_back(row.block_number());
+    q.set_page_token(r->next_page_token());
+    ++pages;
+  } while (!q.page_token().empty() && pages < 100);
+  EXPECT_GE(pages, 4);
+  ASSERT_EQ(blocks.size(), 20u);
+  for (size_t i = 0; i < blocks.size(); ++i) EXPECT_EQ(blocks[i], 100 + i);
+  manager_->Shutdown();
+}
+
 TEST_F(ManagerTest, UpdateSourceAppliesSafeChangesAndRefusesOthersNamingThem) {
   providers_["u"].SetPage("100", MakePage(100, 100, {MakeRow(100)}, "c1"));
   ASSERT_TRUE(Create(Spec("u"), true).ok());

@@ -731,8 +731,21 @@ std::unique_ptr<EarlyDelivery> SourceWorker::SendEarly(Position after, Position 
     if (!ReadOutbox(*from, to, count, &own).ok()) return nullptr;
     read = &own;
   }
-  const size_t n = std::min(count, read->size());
+  size_t n = std::min(count, read->size());
   if (n == 0) return nullptr;
+  // Nothing from a held event on: it waits for an operator's decision or its retry time,
+  // which the next attempt keeps (a correction that rewinds delivery below a hold
+  // without replacing its event leaves it in a later run). A failed read sends nothing.
+  const absl::Status holds = parts_.store->ScanStaged(
+      store::StagedFamily::kHolds, spec_.id(), store::Stage::kDelivery, *from,
+      PositionOf((*read)[n - 1]), [&](Position held, absl::string_view) {
+        while (n > 0 && !(PositionOf((*read)[n - 1]) < held)) --n;
+        return false;  // the first hold is the one that counts
+      });
+  if (!holds.ok() || n == 0) {
+    RowPool::Default().Give(std::move(own));
+    return nullptr;
+  }
   auto early = std::make_unique<EarlyDelivery>();
   std::vector<Delivery> deliveries;
   deliveries.reserve(n);

@@ -576,6 +576,42 @@ TEST(Effects, AHeldEventThatACorrectionReplacesIsNeverSentAgain) {
   EXPECT_EQ(records.count(KeyOf("held", 103, 0, "a")), 0u);
 }
 
+// A correction that rewinds delivery below a held event without replacing it leaves the
+// hold in a later run: the next run's first call, sent early during this run's commit,
+// stops before it (nobody decided to retry it). Before: the held event was sent again
+// and rejected a second time.
+TEST(Effects, TheNextRunSentEarlyStopsBeforeAHeldEvent) {
+  Rig rig(consumer::testing::TestDir("early-send-hold"));
+  FakeProvider& provider = rig.provider("eh");
+  provider.SetPage("100",
+                   WithMarks(MakePage(100, 105, TwoEventsPerBlock(100, 105, "a"), "c1"), 100, 105));
+  handoff::sim::v1::FaultConfig faults;
+  faults.mutable_reject()->add_idempotency_keys(KeyOf("eh", 104, 0, "a"));
+  rig.sink()->SetFaults(faults);
+  handoff::v1::SourceSpec spec = rig.Spec("eh", handoff::v1::DELIVERY_GATE_SAFE);
+  spec.mutable_failure_policy()->set_on_rejection(handoff::v1::REJECTION_POLICY_HOLD);
+  rig.Create(spec);
+  ASSERT_TRUE(TheOnlyHold(rig, "eh").has_value());  // delivery waits at 104:0
+  ASSERT_EQ(rig.sink()->stats().rejected(), 1u);
+  // Block 102 reorganises into three events (the page repeats 103-105 as they were):
+  // delivery goes back below 102:0, reads the run 102:0-102:2, and sends the next one's
+  // first call (from 104:0, the held event) while it commits.
+  std::vector<handoff::v1::EventRow> items = {MakeRow(102, 0, "b"), MakeRow(102, 1, "b"),
+                                              MakeRow(102, 2, "b")};
+  for (handoff::v1::EventRow& row : TwoEventsPerBlock(103, 105, "a")) items.push_back(row);
+  provider.SetPage("c1", WithMarks(MakePage(102, 105, std::move(items), "c2", /*reorg=*/true),
+                                   100, 105));
+  ASSERT_TRUE(rig.WaitFor("eh", [&](const handoff::v1::Progress&) {
+    return rig.Records().count(KeyOf("eh", 102, 2, "b")) == 1;
+  })) << "the correction's events were never delivered";
+  // An early call would follow within milliseconds: none comes (nobody decided to send
+  // the held event again).
+  EXPECT_FALSE(rig.WaitFor("eh", [&](const handoff::v1::Progress&) {
+    return rig.sink()->stats().rejected() > 1;
+  }, absl::Seconds(3))) << "the held event was sent again";
+  EXPECT_TRUE(TheOnlyHold(rig, "eh").has_value());
+}
+
 // Gated deliveries see a page only once it is published (synced, SourceWorker): a
 // finalized mark far ahead of a catching-up ingest does not make a stored page whose
 // barrier is not yet published deliverable.

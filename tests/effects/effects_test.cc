@@ -539,20 +539,30 @@ TEST(Effects, AnInsertOnlyCorrectionFencesADeliveryWaitingToRetry) {
   EXPECT_EQ(rig.DeliveryReceipts("ins").size(), 5u);
 }
 
+// Starts SAFE source `id` over blocks 100..`through` (two events each, fork "a", all
+// safe), whose sink rejects the event at `rejected`: it is held for an operator
+// (REJECTION_POLICY_HOLD), and delivery waits there.
+void StartHoldingARejectedEvent(Rig* rig, const std::string& id, uint64_t through,
+                                Position rejected) {
+  rig->provider(id).SetPage(
+      "100", WithMarks(MakePage(100, through, TwoEventsPerBlock(100, through, "a"), "c1"), 100,
+                       through));
+  handoff::sim::v1::FaultConfig faults;
+  faults.mutable_reject()->add_idempotency_keys(
+      KeyOf(id, rejected.block, rejected.log_index, "a"));
+  rig->sink()->SetFaults(faults);
+  handoff::v1::SourceSpec spec = rig->Spec(id, handoff::v1::DELIVERY_GATE_SAFE);
+  spec.mutable_failure_policy()->set_on_rejection(handoff::v1::REJECTION_POLICY_HOLD);
+  rig->Create(spec);
+}
+
 // A delivery held for an operator whose event a correction then replaces: the hold goes
 // with the orphaned event, and the held event is never sent again (nobody decided to
 // retry it); the replacing events are delivered.
 TEST(Effects, AHeldEventThatACorrectionReplacesIsNeverSentAgain) {
   Rig rig(consumer::testing::TestDir("held-then-reorged"));
   FakeProvider& provider = rig.provider("held");
-  provider.SetPage("100",
-                   WithMarks(MakePage(100, 103, TwoEventsPerBlock(100, 103, "a"), "c1"), 100, 103));
-  handoff::sim::v1::FaultConfig faults;
-  faults.mutable_reject()->add_idempotency_keys(KeyOf("held", 103, 0, "a"));
-  rig.sink()->SetFaults(faults);
-  handoff::v1::SourceSpec spec = rig.Spec("held", handoff::v1::DELIVERY_GATE_SAFE);
-  spec.mutable_failure_policy()->set_on_rejection(handoff::v1::REJECTION_POLICY_HOLD);
-  rig.Create(spec);
+  StartHoldingARejectedEvent(&rig, "held", 103, Position{103, 0});
   const std::optional<handoff::v1::Hold> hold = TheOnlyHold(rig, "held");
   ASSERT_TRUE(hold.has_value());
   EXPECT_EQ(hold->event().block_number(), 103u);
@@ -583,14 +593,7 @@ TEST(Effects, AHeldEventThatACorrectionReplacesIsNeverSentAgain) {
 TEST(Effects, TheNextRunSentEarlyStopsBeforeAHeldEvent) {
   Rig rig(consumer::testing::TestDir("early-send-hold"));
   FakeProvider& provider = rig.provider("eh");
-  provider.SetPage("100",
-                   WithMarks(MakePage(100, 105, TwoEventsPerBlock(100, 105, "a"), "c1"), 100, 105));
-  handoff::sim::v1::FaultConfig faults;
-  faults.mutable_reject()->add_idempotency_keys(KeyOf("eh", 104, 0, "a"));
-  rig.sink()->SetFaults(faults);
-  handoff::v1::SourceSpec spec = rig.Spec("eh", handoff::v1::DELIVERY_GATE_SAFE);
-  spec.mutable_failure_policy()->set_on_rejection(handoff::v1::REJECTION_POLICY_HOLD);
-  rig.Create(spec);
+  StartHoldingARejectedEvent(&rig, "eh", 105, Position{104, 0});
   ASSERT_TRUE(TheOnlyHold(rig, "eh").has_value());  // delivery waits at 104:0
   ASSERT_EQ(rig.sink()->stats().rejected(), 1u);
   // Block 102 reorganises into three events (the page repeats 103-105 as they were):

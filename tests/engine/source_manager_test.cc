@@ -136,6 +136,26 @@ class ManagerTest : public ::testing::Test {
   }
   // A source delivering to the downstream sink, gated on finality, whose provider serves
   // one page at "100" (events 100:0 and 101:0, both finalized), then nothing new.
+  // Every sink call waits for `release`; `in_sink` is notified at the first one.
+  void HoldTheSinkUntil(absl::Notification* in_sink, absl::Notification* release) {
+    sink_.SetScript([in_sink, release](const std::string&, int) {
+      if (!in_sink->HasBeenNotified()) in_sink->Notify();
+      release->WaitForNotification();
+      consumer::SinkAnswer a;
+      a.kind = consumer::SinkAnswer::Kind::kApplied;
+      return a;
+    });
+  }
+  // StartSource again while it answers DEADLINE_EXCEEDED (the old worker still leaving:
+  // on a loaded machine, or under a sanitizer, past the 200 ms join), for up to 30 s.
+  absl::StatusOr<handoff::v1::Source> StartOnceTheWorkerLeft(const std::string& id) {
+    absl::StatusOr<handoff::v1::Source> started = manager_->StartSource(id);
+    for (const absl::Time give_up = absl::Now() + absl::Seconds(30);
+         absl::IsDeadlineExceeded(started.status()) && absl::Now() < give_up;) {
+      started = manager_->StartSource(id);
+    }
+    return started;
+  }
   handoff::v1::SourceSpec GatedWithAFinalizedPage(const std::string& id) {
     handoff::v1::SourceSpec spec = Spec(id);
     spec.mutable_sink()->mutable_downstream()->set_target("unused:1");
@@ -320,13 +340,7 @@ TEST_F(ManagerTest, StartSourceReplacesAHaltedWorkerStillFinishing) {
   stop_timeout_ = absl::Milliseconds(200);
   Restart();
   absl::Notification in_sink, release;
-  sink_.SetScript([&](const std::string&, int) {
-    if (!in_sink.HasBeenNotified()) in_sink.Notify();
-    release.WaitForNotification();
-    consumer::SinkAnswer a;
-    a.kind = consumer::SinkAnswer::Kind::kApplied;
-    return a;
-  });
+  HoldTheSinkUntil(&in_sink, &release);
   const handoff::v1::SourceSpec spec = GatedWithAFinalizedPage("r");
   consumer::Refusal unauthorized;
   unauthorized.kind = consumer::RefusalKind::kAuthFailed;
@@ -343,11 +357,7 @@ TEST_F(ManagerTest, StartSourceReplacesAHaltedWorkerStillFinishing) {
   release.Notify();
   // The delivery thread must wake and end within the 200 ms join: on a loaded machine
   // (or under a sanitizer) that can take longer, and StartSource says so again.
-  started = manager_->StartSource("r");
-  for (const absl::Time give_up = absl::Now() + absl::Seconds(30);
-       absl::IsDeadlineExceeded(started.status()) && absl::Now() < give_up;) {
-    started = manager_->StartSource("r");
-  }
+  started = StartOnceTheWorkerLeft("r");
   ASSERT_TRUE(started.ok()) << started.status();
   // A new worker runs: past the refusal (given once), caught up at c1.
   ASSERT_TRUE(WaitFor("r", [](const handoff::v1::Progress& p) {
@@ -364,13 +374,7 @@ TEST_F(ManagerTest, StartSourceAfterATimedOutStopWaitsForTheWorkerLeaving) {
   stop_timeout_ = absl::Milliseconds(200);
   Restart();
   absl::Notification in_sink, release;
-  sink_.SetScript([&](const std::string&, int) {
-    if (!in_sink.HasBeenNotified()) in_sink.Notify();
-    release.WaitForNotification();
-    consumer::SinkAnswer a;
-    a.kind = consumer::SinkAnswer::Kind::kApplied;
-    return a;
-  });
+  HoldTheSinkUntil(&in_sink, &release);
   ASSERT_TRUE(Create(GatedWithAFinalizedPage("t"), true).ok());
   in_sink.WaitForNotification();  // the delivery thread is in the sink
   absl::StatusOr<handoff::v1::Source> stopped = manager_->StopSource("t");
@@ -378,11 +382,7 @@ TEST_F(ManagerTest, StartSourceAfterATimedOutStopWaitsForTheWorkerLeaving) {
   absl::StatusOr<handoff::v1::Source> started = manager_->StartSource("t");
   EXPECT_EQ(started.status().code(), absl::StatusCode::kDeadlineExceeded) << started.status();
   release.Notify();
-  started = manager_->StartSource("t");
-  for (const absl::Time give_up = absl::Now() + absl::Seconds(30);
-       absl::IsDeadlineExceeded(started.status()) && absl::Now() < give_up;) {
-    started = manager_->StartSource("t");
-  }
+  started = StartOnceTheWorkerLeft("t");
   ASSERT_TRUE(started.ok()) << started.status();
   ASSERT_TRUE(WaitFor("t", [](const handoff::v1::Progress& p) {
     return p.state() == handoff::v1::SOURCE_STATE_BACKING_OFF &&

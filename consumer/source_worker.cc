@@ -173,7 +173,7 @@ void SourceWorker::Poke() {
 }
 
 void SourceWorker::HaltForStoreFailure(const absl::Status& failure) {
-  if (halted_.load() || stop_.load()) return;
+  if (stop_.load()) return;  // stopping, or halted already (a halt stops)
   Halt(handoff::v1::SOURCE_STATE_STORAGE_FAILED,
        absl::StrCat("the store failed: ", failure.message()), failure);
 }

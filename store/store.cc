@@ -1023,6 +1023,11 @@ absl::StatusOr<CheckpointRecord> Store::CommitStep(Stage stage, StepBatch* step,
   // The checkpoints join the caller's batch only for this write: on failure the step is
   // left as the caller built it, not with a stale checkpoint appended.
   batch->SetSavePoint();
+  // A step that fences the delivery stage rewrites entries it may read at once (its reads
+  // are not capped below them, as they are below new entries): written synced, so that
+  // no sink is sent an event this step could still lose.
+  SyncTicket* const ticket = fenced_delivery.has_value() ? nullptr : deferred;
+  if (ticket == nullptr && deferred != nullptr) *deferred = SyncTicket{};
   auto write = [&]() -> absl::Status {
     batch->Put(cfs_.checkpoints, keys::Checkpoint(id, stage), value);
     if (fenced_delivery.has_value()) {
@@ -1030,14 +1035,7 @@ absl::StatusOr<CheckpointRecord> Store::CommitStep(Stage stage, StepBatch* step,
                  fenced_delivery->SerializeAsString());
     }
     for (const ExtraWrite& w : hold_writes) batch->Put(w.cf, w.key, w.value);
-    // A step that fences the delivery stage rewrites entries it may read at once (its
-    // reads are not capped below them, as they are below new entries): written
-    // synced, so that no sink is sent an event this step could still lose.
-    if (fenced_delivery.has_value()) {
-      if (deferred != nullptr) *deferred = SyncTicket{};
-      return Write(batch, absl::StrCat("commit step of ", id));
-    }
-    return Write(batch, absl::StrCat("commit step of ", id), deferred);
+    return Write(batch, absl::StrCat("commit step of ", id), ticket);
   };
   const bool has_rows = !step->row_puts_.empty() || !step->row_deletes_.empty();
   absl::Status s;

@@ -133,25 +133,6 @@ PageAttempt::Result PageAttempt::Validate() {
     } else if (verdict.rewound_applied.has_value() && base_applied_.has_value()) {
       base_applied_ = std::min(*base_applied_, *verdict.rewound_applied);
     }
-    if (!orphans_.empty() && config_.write_outbox) {
-      // A correction must not reach an event that was already delivered downstream.
-      std::vector<Position> delivered;
-      absl::Status s = config_.store->ScanStaged(
-          store::StagedFamily::kReceipts, config_.source_id, store::Stage::kDelivery,
-          range->first, range->second, [&](Position pos, absl::string_view) {
-            if (std::binary_search(orphans_.begin(), orphans_.end(), pos)) {
-              delivered.push_back(pos);
-            }
-            return true;
-          });
-      if (!s.ok()) return Make(Kind::kStorageFailed, std::string(s.message()), s);
-      if (!delivered.empty() && config_.delivered_orphan_is_violation) {
-        return Make(Kind::kViolation,
-                    absl::StrCat("correction page from block ", page_.from,
-                                 " replaces event ", delivered.front().DebugString(),
-                                 " that was already delivered as finalized"));
-      }
-    }
     orphans_pending_ = !orphans_.empty() || page_.reorg;
   }
   slots_.resize(page_.items.size());
@@ -467,8 +448,28 @@ std::optional<PageAttempt::Result> PageAttempt::CommitSlots(
       with_barrier && config_.defer_barrier_sync && !step->changes_operator_records();
   const absl::Time start = absl::Now();
   store::SyncTicket ticket;
-  absl::StatusOr<store::CheckpointRecord> committed =
-      config_.store->CommitStep(config_.stage, step, fence, update, defer ? &ticket : nullptr);
+  absl::StatusOr<store::CheckpointRecord> committed;
+  auto commit = [&] {
+    committed =
+        config_.store->CommitStep(config_.stage, step, fence, update, defer ? &ticket : nullptr);
+  };
+  if (had_orphans && !orphans_.empty() && config_.stage == store::Stage::kIngest &&
+      config_.unrecorded_sends != nullptr) {
+    // A correction must not replace an event the sink may have applied as finalized.
+    absl::StatusOr<std::optional<Position>> sent =
+        config_.unrecorded_sends->CommitUnlessSent(orphans_, commit);
+    if (!sent.ok()) {
+      return Make(Kind::kStorageFailed, std::string(sent.status().message()), sent.status());
+    }
+    if (sent->has_value()) {
+      return Make(Kind::kViolation,
+                  absl::StrCat("correction page from block ", page_.from, " replaces event ",
+                               (*sent)->DebugString(),
+                               " that was already delivered (or sent) as finalized"));
+    }
+  } else {
+    commit();
+  }
   if (!committed.ok()) {
     if (absl::IsAborted(committed.status())) {
       return Make(Kind::kLostRace, std::string(committed.status().message()), committed.status());
@@ -610,6 +611,7 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
           const handoff::v1::EventRow& row = page_.items[batch[sent + k]];
           deliveries.push_back(MakeDelivery(config_.source_id, row, FinalityOf(row)));
         }
+        if (std::optional<Result> r = RegisterSend(batch, sent, count)) return *r;
         part = config_.sink->Deliver(config_.source_id, deliveries);
       }
       part.resize(count);  // a missing answer is a transport error
@@ -707,6 +709,7 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
     std::optional<Result> r =
         CommitSlots(step.get(), newly, deltas, config_.fuse_barrier && all_terminal_after,
                     "before_event_commit", "after_event_commit");
+    if (!r.has_value() || r->kind == Kind::kPromoted) ForgetRecorded(batch, answers);
     // Holds are durable now (or the attempt ends): mirror them in memory.
     if (!r.has_value() || r->kind == Kind::kPromoted || r->kind == Kind::kCrashed) {
       for (size_t h = 0; h < holds.size(); ++h) {
@@ -742,6 +745,41 @@ PageAttempt::Result PageAttempt::ProcessWithSink() {
       if (qr.has_value()) return *qr;
     }
   }
+}
+
+std::optional<PageAttempt::Result> PageAttempt::RegisterSend(const std::vector<size_t>& batch,
+                                                             size_t sent, size_t count) {
+  if (config_.unrecorded_sends == nullptr || config_.stage != store::Stage::kDelivery) {
+    return std::nullopt;
+  }
+  std::vector<Position> positions;
+  positions.reserve(count);
+  for (size_t k = sent; k < sent + count; ++k) positions.push_back(slots_[batch[k]].pos);
+  absl::StatusOr<bool> current =
+      config_.unrecorded_sends->RegisterIfCurrent(checkpoint_.outbox_epoch(), positions);
+  if (!current.ok()) {
+    return Make(Kind::kStorageFailed, std::string(current.status().message()), current.status());
+  }
+  if (!*current) {
+    return Make(Kind::kLostRace,
+                "a correction rewrote the outbox since this run was read: rereading");
+  }
+  return std::nullopt;
+}
+
+void PageAttempt::ForgetRecorded(const std::vector<size_t>& batch,
+                                 const std::vector<SinkAnswer>& answers) const {
+  if (config_.unrecorded_sends == nullptr) return;
+  // A transport error leaves the sink's outcome unknown: the event stays registered as
+  // possibly applied until a later answer is recorded.
+  std::vector<Position> recorded;
+  recorded.reserve(batch.size());
+  for (size_t k = 0; k < batch.size(); ++k) {
+    if (k < answers.size() && answers[k].kind != SinkAnswer::Kind::kTransportError) {
+      recorded.push_back(slots_[batch[k]].pos);
+    }
+  }
+  config_.unrecorded_sends->Forget(recorded);
 }
 
 PageAttempt::Result PageAttempt::Barrier() {

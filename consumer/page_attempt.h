@@ -50,6 +50,7 @@
 #include "consumer/outcome_policy.h"
 #include "consumer/page.h"
 #include "consumer/sink.h"
+#include "consumer/unrecorded_sends.h"
 #include "handoff/v1/source.pb.h"
 #include "store/records.pb.h"
 #include "store/store.h"
@@ -87,9 +88,11 @@ struct AttemptConfig {
   TransactionalEffect* effect = nullptr;
   // Ingest writes outbox entries (SAFE/FINALIZED gates).
   bool write_outbox = false;
-  // With FINALIZED gating, a correction that reaches a delivered event breaks the
-  // provider contract (finalized blocks never reorg).
-  bool delivered_orphan_is_violation = false;
+  // With FINALIZED gating, both stages': the events the sink may have applied, whose
+  // replacement by an ingest correction breaks the provider contract (finalized blocks
+  // never reorg); the delivery stage registers each call in it before it goes out.
+  // Null otherwise.
+  UnrecordedSends* unrecorded_sends = nullptr;
   handoff::v1::DeliveryGate gate = handoff::v1::DELIVERY_GATE_UNSPECIFIED;
   handoff::v1::FailurePolicy policy;
   int max_events_per_step = 1000;
@@ -198,6 +201,13 @@ class PageAttempt {
   Result ProcessLocal();
   Result ProcessWithSink();
   Result Barrier();
+  // Delivery stage, FINALIZED gate: registers the call of `count` events from
+  // batch[sent] as sent (UnrecordedSends); a Result when it must not go out.
+  std::optional<Result> RegisterSend(const std::vector<size_t>& batch, size_t sent,
+                                     size_t count);
+  // After the step that recorded `answers` to `batch` committed.
+  void ForgetRecorded(const std::vector<size_t>& batch,
+                      const std::vector<SinkAnswer>& answers) const;
 
   // Commits `step` fenced by the attempt's version, with applied_position = end of the
   // contiguous terminal prefix (slots in `newly_terminal` count as terminal if the

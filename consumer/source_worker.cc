@@ -100,7 +100,11 @@ SourceWorker::SourceWorker(handoff::v1::SourceSpec spec, WorkerOptions options, 
       parts_(std::move(parts)),
       gated_(spec_.sink().has_downstream() &&
              (spec_.sink().gate() == handoff::v1::DELIVERY_GATE_SAFE ||
-              spec_.sink().gate() == handoff::v1::DELIVERY_GATE_FINALIZED)) {}
+              spec_.sink().gate() == handoff::v1::DELIVERY_GATE_FINALIZED)),
+      unrecorded_sends_(spec_.sink().has_downstream() &&
+                                spec_.sink().gate() == handoff::v1::DELIVERY_GATE_FINALIZED
+                            ? std::make_unique<UnrecordedSends>(parts_.store, spec_.id())
+                            : nullptr) {}
 
 SourceWorker::~SourceWorker() {
   RequestStop();
@@ -343,7 +347,6 @@ AttemptConfig MakeAttemptConfig(const handoff::v1::SourceSpec& spec, store::Stag
     c.sink = gated ? nullptr : sink;
     c.effect = effect;
     c.write_outbox = gated;
-    c.delivered_orphan_is_violation = spec.sink().gate() == handoff::v1::DELIVERY_GATE_FINALIZED;
   } else {
     c.sink = sink;
   }
@@ -359,6 +362,7 @@ void SourceWorker::Release(std::unique_ptr<PageAttempt> attempt) {
 AttemptConfig SourceWorker::MakeConfig(store::Stage stage) {
   AttemptConfig c = MakeAttemptConfig(spec_, stage, parts_.store, parts_.sink.get(),
                                       parts_.effect, parts_.observer, options_, &stop_);
+  c.unrecorded_sends = unrecorded_sends_.get();
   if (stage == store::Stage::kIngest && options_.max_unsynced_pages > 0) {
     c.defer_barrier_sync = true;
     // After this commit at most max_unsynced_pages are unsynced.
@@ -715,7 +719,8 @@ std::unique_ptr<SourceWorker::ReadAhead> SourceWorker::ReadRunAhead(
 }
 
 std::unique_ptr<EarlyDelivery> SourceWorker::SendEarly(Position after, Position to,
-                                                       ReadAhead* ahead) {
+                                                       ReadAhead* ahead,
+                                                       uint64_t outbox_epoch) {
   const std::optional<Position> from = NextRunStart(after);
   if (!from.has_value() || to < *from) return nullptr;
   // The next attempt's first call: at most one sink batch, and no more than a run.
@@ -755,6 +760,18 @@ std::unique_ptr<EarlyDelivery> SourceWorker::SendEarly(Position after, Position 
     const handoff::v1::EventRow& row = (*read)[i];
     deliveries.push_back(MakeDelivery(spec_.id(), row, finality));
     early->sent.push_back(EarlyDelivery::Sent{PositionOf(row), row.block_hash()});
+  }
+  if (unrecorded_sends_ != nullptr) {
+    std::vector<Position> positions;
+    positions.reserve(n);
+    for (const EarlyDelivery::Sent& sent : early->sent) positions.push_back(sent.pos);
+    // Not sent when a correction rewrote the outbox since the run was read (or the
+    // store failed): the next attempt reads the outbox itself and reports it.
+    absl::StatusOr<bool> current = unrecorded_sends_->RegisterIfCurrent(outbox_epoch, positions);
+    if (!current.ok() || !*current) {
+      RowPool::Default().Give(std::move(own));
+      return nullptr;
+    }
   }
   early->answers = parts_.sink->Send(spec_.id(), deliveries);
   RowPool::Default().Give(std::move(own));
@@ -834,9 +851,10 @@ void SourceWorker::DeliveryLoop() {
     std::unique_ptr<EarlyDelivery> next;
     config.early = early.get();
     const Position last = PositionOf(run.items.back());
-    ahead = ReadRunAhead(last, to, dcp->outbox_epoch());
-    config.on_final_commit = [this, &next, &ahead, last, to] {
-      next = SendEarly(last, to, ahead.get());
+    const uint64_t outbox_epoch = dcp->outbox_epoch();
+    ahead = ReadRunAhead(last, to, outbox_epoch);
+    config.on_final_commit = [this, &next, &ahead, last, to, outbox_epoch] {
+      next = SendEarly(last, to, ahead.get(), outbox_epoch);
     };
     auto attempt =
         std::make_unique<PageAttempt>(config, *std::move(dcp), std::move(run));

@@ -54,6 +54,7 @@
 #include "consumer/progress_board.h"
 #include "consumer/provider.h"
 #include "consumer/sink.h"
+#include "consumer/unrecorded_sends.h"
 #include "handoff/v1/source.pb.h"
 #include "store/store.h"
 
@@ -209,8 +210,10 @@ class SourceWorker {
                                           uint64_t outbox_epoch) const;
   // Sends the first call of the run after `after` (outbox entries up to `to`) on a
   // helper thread: the lookahead of DeliveryLoop. Takes its rows from `ahead` when it
-  // has them. Null when there is nothing to send.
-  std::unique_ptr<EarlyDelivery> SendEarly(Position after, Position to, ReadAhead* ahead);
+  // has them. Null when there is nothing to send, or when a correction has moved the
+  // outbox past `outbox_epoch` (the epoch of the current run's checkpoint).
+  std::unique_ptr<EarlyDelivery> SendEarly(Position after, Position to, ReadAhead* ahead,
+                                           uint64_t outbox_epoch);
   // The run of at most delivery_run entries in [from, to]: `ahead`'s rows when it read
   // from `from` under `outbox_epoch`, else read from the outbox now. `ahead` may be null.
   absl::Status ReadRun(Position from, Position to, uint64_t outbox_epoch,
@@ -250,6 +253,9 @@ class SourceWorker {
   const WorkerOptions options_;
   Parts parts_;
   const bool gated_;
+  // FINALIZED gate only (else null): what the sink may have applied unrecorded, shared
+  // by the two stages' attempts.
+  const std::unique_ptr<UnrecordedSends> unrecorded_sends_;
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> crashed_{false};

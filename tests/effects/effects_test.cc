@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -348,6 +349,75 @@ TEST(Effects, FinalizedGateNeverDeliversReorgedEvents) {
   // And each later run's rows were read while the run before it was delivered.
   EXPECT_GT(FaultPoints::Hits("delivery.read_ahead_used"), 0);
   FaultPoints::CountHits(false);
+}
+
+// A correction that replaces a finalized event the sink has already applied breaks the
+// provider contract ("finalized blocks never reorg"): the source halts and says so, and
+// the replaced event stays recorded as delivered.
+TEST(Effects, ACorrectionReplacingADeliveredFinalizedEventHalts) {
+  Rig rig(consumer::testing::TestDir("finalized-replaced"));
+  FakeProvider& provider = rig.provider("fr");
+  provider.SetPage("100", WithMarks(MakePage(100, 103, TwoEventsPerBlock(100, 103, "a"), "c1"),
+                                    103, 103));
+  rig.Create(rig.Spec("fr", handoff::v1::DELIVERY_GATE_FINALIZED));
+  ASSERT_TRUE(rig.WaitFor("fr", [](const handoff::v1::Progress& p) {
+    return DeliveredThrough(p, 103, 1);
+  })) << "delivery never reached 103:1";
+  provider.SetPage("c1", WithMarks(MakePage(102, 103, TwoEventsPerBlock(102, 103, "b"), "c2",
+                                            /*reorg=*/true),
+                                   103, 103));
+  ASSERT_TRUE(rig.WaitFor("fr", [](const handoff::v1::Progress& p) {
+    return p.state() == handoff::v1::SOURCE_STATE_PROTOCOL_VIOLATION;
+  })) << "the correction of delivered finalized events was applied";
+  absl::StatusOr<handoff::v1::Progress> p = rig.manager()->GetProgress("fr");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(absl::StrContains(p->reason(), "replaces event 102:0")) << p->reason();
+  EXPECT_EQ(p->checkpoint().resume_cursor(), "c1");
+  EXPECT_EQ(rig.DeliveredHash("fr", Position{102, 0}), MakeRow(102, 0, "a").block_hash());
+  EXPECT_EQ(rig.Records().count(KeyOf("fr", 102, 0, "b")), 0u);
+}
+
+// The same correction while the sink call that carries the replaced event is in flight
+// (sent, its answer not yet recorded): the sink may have applied it, so the source halts
+// as it does for a recorded delivery. The correction checks the sent events and commits
+// under one lock, under which a delivery registers what it sends only while no
+// correction has fenced its read. Before: only recorded deliveries were checked, the
+// correction committed, and the sink was then sent the other fork's event at the same
+// position, as FINALIZED too.
+TEST(Effects, ACorrectionReplacingAFinalizedEventInFlightToTheSinkHalts) {
+  Rig rig(consumer::testing::TestDir("finalized-in-flight"));
+  FakeProvider& provider = rig.provider("ff");
+  provider.SetPage("100", WithMarks(MakePage(100, 103, TwoEventsPerBlock(100, 103, "a"), "c1"),
+                                    103, 103));
+  // The first delivery call (the run 100:0-101:0) is answered, then held before its
+  // answers are recorded.
+  absl::Notification sent, release;
+  auto hits = std::make_shared<std::atomic<int>>(0);
+  FaultPoints::Arm("delivery.after_deliver", [&sent, &release, hits] {
+    if (hits->fetch_add(1) == 0) {
+      sent.Notify();
+      release.WaitForNotificationWithTimeout(absl::Seconds(60));
+    }
+    return false;
+  });
+  rig.Create(rig.Spec("ff", handoff::v1::DELIVERY_GATE_FINALIZED));
+  ASSERT_TRUE(sent.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  provider.SetPage("c1", WithMarks(MakePage(100, 103, TwoEventsPerBlock(100, 103, "b"), "c2",
+                                            /*reorg=*/true),
+                                   103, 103));
+  const bool settled = rig.WaitFor("ff", [](const handoff::v1::Progress& p) {
+    return p.state() == handoff::v1::SOURCE_STATE_PROTOCOL_VIOLATION ||
+           p.checkpoint().resume_cursor() == "c2";
+  });
+  release.Notify();
+  ASSERT_TRUE(settled) << "the correction was neither refused nor applied";
+  absl::StatusOr<handoff::v1::Progress> p = rig.manager()->GetProgress("ff");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->state(), handoff::v1::SOURCE_STATE_PROTOCOL_VIOLATION)
+      << "the correction replaced events in flight to the sink: " << p->ShortDebugString();
+  EXPECT_TRUE(absl::StrContains(p->reason(), "replaces event 100:0")) << p->reason();
+  EXPECT_EQ(p->checkpoint().resume_cursor(), "c1");
+  EXPECT_EQ(rig.Records().count(KeyOf("ff", 100, 0, "b")), 0u);
 }
 
 // "Keep the highest finalized mark across lower or null marks and process restarts when
@@ -718,6 +788,9 @@ TEST(Effects, SafeGateDeepReorgSurvivesACrashAtEveryDeliveryStep) {
 // A correction below the finalized mark (a breach of the provider's contract) of events
 // not yet delivered, committed while the next run's rows were already read ahead: the
 // rows read before it are dropped, and the replacing events are delivered and recorded.
+// (Single calls: the next run's first call, sent early, carries only 101:1, which the
+// correction leaves; one that carried a replaced event would halt the source, as
+// ACorrectionReplacingAFinalizedEventInFlightToTheSinkHalts shows.)
 TEST(Effects, RowsReadAheadBeforeACorrectionAreNotDelivered) {
   FaultPoints::CountHits(true);
   Rig rig(consumer::testing::TestDir("read-ahead-epoch"));
@@ -725,7 +798,8 @@ TEST(Effects, RowsReadAheadBeforeACorrectionAreNotDelivered) {
   provider.SetPage("100",
                    WithMarks(MakePage(100, 105, TwoEventsPerBlock(100, 105, "a"), "c1"), 105, 105));
   // The first run (100:0..101:0, runs of 3) commits while the second one's rows
-  // (101:1..102:1) are read ahead; its delivery thread then waits for the correction.
+  // (101:1..102:1) are read ahead and its first call (101:1) is sent; its delivery
+  // thread then waits for the correction.
   absl::Notification first_run_done, corrected;
   auto runs = std::make_shared<std::atomic<int>>(0);
   FaultPoints::Arm("delivery.after_barrier", [&first_run_done, &corrected, runs] {
@@ -735,7 +809,7 @@ TEST(Effects, RowsReadAheadBeforeACorrectionAreNotDelivered) {
     }
     return false;
   });
-  rig.Create(rig.Spec("fin", handoff::v1::DELIVERY_GATE_FINALIZED));
+  rig.Create(rig.Spec("fin", handoff::v1::DELIVERY_GATE_FINALIZED, /*batch=*/false));
   first_run_done.WaitForNotification();
   provider.SetPage(
       "c1", WithMarks(MakePage(102, 105, TwoEventsPerBlock(102, 105, "b"), "c2", /*reorg=*/true),
@@ -749,6 +823,12 @@ TEST(Effects, RowsReadAheadBeforeACorrectionAreNotDelivered) {
   })) << "delivery never reached 105:1";
   EXPECT_GT(FaultPoints::Hits("delivery.read_ahead_dropped"), 0);
   ExpectEachDeliveredOnce(rig, "fin", 100, 105, /*fork_block=*/102);
+  std::map<std::string, sim::SinkRecord> records = rig.Records();
+  for (uint64_t b = 102; b <= 105; ++b) {
+    for (uint64_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(records.count(KeyOf("fin", b, i, "a")), 0u) << "replaced " << b << ":" << i;
+    }
+  }
   FaultPoints::CountHits(false);
 }
 

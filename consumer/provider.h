@@ -73,6 +73,11 @@ struct FetchResult {
   }
 };
 
+// The cursor of a source started at the provider's head. It names a newer page each time
+// it is asked for: the worker pins a first page fetched with it to the page's own start
+// block before applying anything of it (SourceWorker::IngestLoop).
+inline constexpr char kLatestCursor[] = "latest";
+
 class Provider {
  public:
   virtual ~Provider() = default;

@@ -587,6 +587,23 @@ void SourceWorker::IngestLoop() {
       CrashAtFaultPoint();
       break;
     }
+    if (cp->resume_cursor() == kLatestCursor) {
+      // Asked again (after a hold, a lost race or a restart), "latest" would name a
+      // newer page, whose start would leave the rest of this one behind: the cursor is
+      // pinned to this page's start block, a `from` the provider accepts, before
+      // anything of it is applied.
+      absl::StatusOr<store::CheckpointRecord> pinned = parts_.store->CompareAndSwap(
+          spec_.id(), store::Stage::kIngest, kLatestCursor, cp->version(),
+          absl::StrCat(fetched.page->from));
+      if (absl::IsAborted(pinned.status())) continue;  // moved meanwhile: reread
+      if (!pinned.ok()) {
+        Halt(handoff::v1::SOURCE_STATE_STORAGE_FAILED,
+             absl::StrCat("cannot pin the first page's cursor: ", pinned.status().message()),
+             pinned.status());
+        break;
+      }
+      cp = *std::move(pinned);
+    }
     auto attempt = std::make_unique<PageAttempt>(config,
                                                  *std::move(cp), *std::move(fetched.page));
     const bool nothing_new =

@@ -420,6 +420,54 @@ TEST(Effects, ACorrectionReplacingAFinalizedEventInFlightToTheSinkHalts) {
   EXPECT_EQ(rig.Records().count(KeyOf("ff", 100, 0, "b")), 0u);
 }
 
+// A source started from "latest" whose first page waits on a hold: "latest" names a
+// newer page by the time the page is asked for again (the operator's decision moves the
+// checkpoint, and the attempt rereads it). The first page is pinned to its own start
+// block before anything of it is applied, so the retry asks for that page, and its held
+// event is delivered. Before: the retry asked for "latest", got the newer page, and the
+// held event (and its hold) were left behind for good.
+TEST(Effects, AFirstPageFromLatestIsAskedForAgainByItsStartBlock) {
+  Rig rig(consumer::testing::TestDir("latest-pinned"));
+  FakeProvider& provider = rig.provider("lt");
+  const consumer::Page first =
+      WithMarks(MakePage(1000, 1009, {MakeRow(1000, 0), MakeRow(1000, 1)}, "c1"), 1009, 1009);
+  provider.SetPage("latest", consumer::CopyOfPage(first));
+  provider.SetPage("1000", consumer::CopyOfPage(first));
+  handoff::sim::v1::FaultConfig faults;
+  faults.mutable_reject()->add_idempotency_keys(KeyOf("lt", 1000, 1, "a"));
+  rig.sink()->SetFaults(faults);
+  handoff::v1::SourceSpec spec = rig.Spec("lt", handoff::v1::DELIVERY_GATE_IMMEDIATE,
+                                          /*batch=*/false);
+  spec.mutable_start()->set_latest(true);
+  spec.mutable_failure_policy()->set_on_rejection(handoff::v1::REJECTION_POLICY_HOLD);
+  rig.Create(spec);
+  const std::optional<handoff::v1::Hold> hold = TheOnlyHold(rig, "lt");
+  ASSERT_TRUE(hold.has_value());
+  EXPECT_EQ(hold->event().block_number(), 1000u);
+  EXPECT_EQ(hold->event().log_index(), 1u);
+  // The head moves on.
+  provider.SetPage("latest",
+                   WithMarks(MakePage(1015, 1020, {MakeRow(1015, 0)}, "c9"), 1020, 1020));
+  rig.sink()->SetFaults(handoff::sim::v1::FaultConfig());
+  ASSERT_TRUE(Resolve(rig, "lt", *hold, handoff::v1::HOLD_DECISION_RETRY, "sink fixed").ok());
+  ASSERT_TRUE(rig.WaitFor("lt", [](const handoff::v1::Progress& p) {
+    return p.checkpoint().resume_cursor() != "latest" &&
+           p.checkpoint().resume_cursor() != "1000";
+  })) << "the first page never passed its barrier";
+  absl::StatusOr<handoff::v1::Progress> p = rig.manager()->GetProgress("lt");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->checkpoint().resume_cursor(), "c1");
+  std::map<std::string, sim::SinkRecord> records = rig.Records();
+  EXPECT_EQ(records.count(KeyOf("lt", 1000, 0, "a")), 1u);
+  EXPECT_EQ(records.count(KeyOf("lt", 1000, 1, "a")), 1u) << "the held event was left behind";
+  EXPECT_EQ(records.count(KeyOf("lt", 1015, 0, "a")), 0u);
+  handoff::v1::ListHoldsRequest lh;
+  lh.set_source_id("lt");
+  absl::StatusOr<handoff::v1::ListHoldsResponse> holds = rig.manager()->ListHolds(lh);
+  ASSERT_TRUE(holds.ok()) << holds.status();
+  EXPECT_EQ(holds->holds_size(), 0) << holds->ShortDebugString();
+}
+
 // "Keep the highest finalized mark across lower or null marks and process restarts when
 // gating outbox effects": pages finalizing 101, then none (null), then only 99, with a
 // restart between them. Every event up to 101 is delivered and nothing above it: a mark

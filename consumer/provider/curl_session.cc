@@ -166,7 +166,9 @@ size_t CurlSession::HeaderCallback(char* data, size_t size, size_t n, void* user
   std::string name = absl::AsciiStrToLower(line.substr(0, colon));
   absl::string_view value = absl::StripAsciiWhitespace(line.substr(colon + 1));
   if (name == "content-type") {
-    ctx->response.content_type = absl::AsciiStrToLower(value);
+    // As sent (case kept): it is the provider's text, which may echo the API key, and a
+    // lowercased copy would hide a mixed-case key from redaction.
+    ctx->response.content_type = std::string(value);
   } else if (name == "content-length") {
     uint64_t v = 0;
     if (absl::SimpleAtoi(value, &v)) ctx->response.content_length = v;

@@ -55,7 +55,7 @@ class CurlSession {
   };
   struct Response {
     int status = 0;
-    std::string content_type;
+    std::string content_type;  // as sent (compare case-insensitively); never logged whole
     std::optional<uint64_t> content_length;
     std::optional<absl::Duration> retry_after;
   };

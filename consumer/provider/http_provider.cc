@@ -107,6 +107,38 @@ void RedactAndCut(absl::string_view secret, size_t max, std::string* text) {
   }
 }
 
+// Whether `text` and `secret` share kMinSecretFragment or more consecutive bytes, in any
+// letter case.
+bool SharesSecretFragment(absl::string_view text, absl::string_view secret) {
+  if (secret.size() < kMinSecretFragment) return false;
+  const std::string lower_text = absl::AsciiStrToLower(text);
+  const std::string lower_secret = absl::AsciiStrToLower(secret);
+  for (size_t i = 0; i + kMinSecretFragment <= lower_secret.size(); ++i) {
+    if (absl::StrContains(lower_text, lower_secret.substr(i, kMinSecretFragment))) return true;
+  }
+  return false;
+}
+
+// A Content-Type the provider sent, for a refusal's message. The header is the
+// provider's text and may echo the API key (in another case, or cut by a length limit
+// inside it, where no redaction of the whole key finds it), so only its media type is
+// shown, lowercased, and only when that is a short `type/subtype` of token characters
+// sharing no kMinSecretFragment bytes with the key in any case; otherwise nothing of it.
+std::string ShownContentType(absl::string_view content_type, absl::string_view secret) {
+  absl::string_view media = content_type.substr(0, content_type.find(';'));
+  media = absl::StripAsciiWhitespace(media);
+  if (media.empty()) return "no Content-Type";
+  constexpr size_t kMaxShown = 64;
+  bool shown = media.size() <= kMaxShown && std::count(media.begin(), media.end(), '/') == 1 &&
+               media.front() != '/' && media.back() != '/';
+  for (char c : media) {
+    shown &= absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
+             absl::string_view("/!#$&^_.+-").find(c) != absl::string_view::npos;
+  }
+  if (!shown || SharesSecretFragment(media, secret)) return "another Content-Type (not shown)";
+  return absl::StrCat("'", absl::AsciiStrToLower(media), "'");
+}
+
 }  // namespace
 
 Refusal ClassifyRefusal(int http_status, absl::string_view body,
@@ -779,11 +811,11 @@ class StreamHandler : public CurlSession::Handler {
   bool OnHeaders(const CurlSession::Response& response) override {
     response_ = response;
     streaming_ = response.status == 200 &&
-                 absl::StartsWith(response.content_type, "text/event-stream");
+                 absl::StartsWithIgnoreCase(response.content_type, "text/event-stream");
     if (response.status == 200 && !streaming_) {
       terminal_ = Refusal{RefusalKind::kMalformedPage, 200, "not_event_stream",
-                          absl::StrCat("expected text/event-stream, got '",
-                                       response.content_type.substr(0, 80), "'")};
+                          absl::StrCat("expected text/event-stream, got ",
+                                       ShownContentType(response.content_type, secret_))};
       return false;
     }
     return true;

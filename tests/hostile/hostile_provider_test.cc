@@ -596,6 +596,70 @@ TEST(HostileProviderTest, BrokenResponses) {
   }
 }
 
+// ----- what a provider's headers and bodies may not smuggle through -------------------
+
+// Whether `text` holds `min_length` or more consecutive bytes of `secret`, in any case.
+bool HasFragmentOf(absl::string_view text, absl::string_view secret, size_t min_length) {
+  const std::string lower_text = absl::AsciiStrToLower(text);
+  const std::string lower_secret = absl::AsciiStrToLower(secret);
+  for (size_t i = 0; i + min_length <= lower_secret.size(); ++i) {
+    if (absl::StrContains(lower_text, lower_secret.substr(i, min_length))) return true;
+  }
+  return false;
+}
+
+// A 200 from the stream endpoint that is not an event stream is refused with its
+// Content-Type named; an API key in that header (mixed case, or cut by a length limit
+// anywhere inside it) leaves no part of it in the refusal.
+TEST(HostileProviderTest, ANonStreamContentTypeLeavesNoPartOfTheKey) {
+  const std::string key = "Sk-MiXeD-CaSe-Key-0123456789abcdef";
+  std::vector<std::string> types = {key, absl::StrCat(key, "/json"), absl::StrCat("text/", key),
+                                    absl::AsciiStrToLower(key),
+                                    absl::StrCat("text/plain; token=", key)};
+  // Padded so that any cut at a fixed length splits the key somewhere.
+  for (size_t pad = 0; pad <= 80; ++pad) {
+    types.push_back(absl::StrCat("text/html; x=", std::string(pad, 'p'), key));
+    types.push_back(absl::StrCat("text/html; x=", std::string(pad, 'p'),
+                                 absl::AsciiStrToLower(key)));
+  }
+  std::string content_type;
+  absl::Mutex mu;
+  ScriptedServer server([&](ScriptedServer::Conn& c) {
+    std::string type;
+    {
+      absl::MutexLock lock(&mu);
+      type = content_type;
+    }
+    c.Send(ResponseHead("200 OK", type, 2) + "{}");
+  });
+  HttpProviderOptions o = Options(server, handoff::v1::TRANSPORT_SSE);
+  o.api_key = key;
+  std::unique_ptr<HttpProvider> p = Make(o);
+  for (const std::string& type : types) {
+    {
+      absl::MutexLock lock(&mu);
+      content_type = type;
+    }
+    FetchResult r = p->Fetch("1200");
+    SCOPED_TRACE(type + " -> " + Describe(r));
+    ASSERT_TRUE(r.refusal.has_value());
+    EXPECT_EQ(r.refusal->kind, RefusalKind::kMalformedPage);
+    EXPECT_EQ(r.refusal->code, "not_event_stream");
+    for (const std::string* text :
+         {&r.refusal->message, &r.refusal->code, &r.refusal->funding_action_json}) {
+      EXPECT_FALSE(HasFragmentOf(*text, key, 6)) << *text;
+    }
+  }
+  // A harmless media type is still named, for the operator.
+  {
+    absl::MutexLock lock(&mu);
+    content_type = "Text/HTML; charset=utf-8";
+  }
+  FetchResult r = p->Fetch("1200");
+  ASSERT_TRUE(r.refusal.has_value());
+  EXPECT_TRUE(absl::StrContains(r.refusal->message, "text/html")) << Describe(r);
+}
+
 // ----- through the engine --------------------------------------------------------------
 
 // Every state change the engine reports, as it happens: progress, sampled, can miss a

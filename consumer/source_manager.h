@@ -82,7 +82,9 @@ class SourceManager {
   // Replaces the spec of an existing source when the change is safe (see
   // UnsafeSpecChanges in spec_validation.h); a running worker restarts at a safe point
   // with the new spec. Codes: NOT_FOUND, INVALID_ARGUMENT, FAILED_PRECONDITION (an
-  // unsafe change: the message names the fields).
+  // unsafe change: the message names the fields). A safe change whose spec cannot start
+  // (an api_key naming an unset variable, ...) is saved all the same: the source halts
+  // as CONFIG_INVALID with the reason, and the answer is the source in that state.
   virtual absl::StatusOr<handoff::v1::Source> UpdateSource(const handoff::v1::SourceSpec& spec) {
     return absl::UnimplementedError("UpdateSource");
   }

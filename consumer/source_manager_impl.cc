@@ -404,7 +404,15 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::UpdateSource(
     ASSIGN_OR_RETURN(source, store_->GetSource(spec.id()));
     *source.mutable_spec() = spec;
     RETURN_IF_ERROR(store_->PutSource(source));
-    if (running) RETURN_IF_ERROR(StartLocked(source));
+    if (running) {
+      // Updated either way: a restart the new spec's own configuration refuses (its
+      // api_key names an unset variable) halts the source as CONFIG_INVALID, which the
+      // answer shows with the reason. An error would fail the server's start (Recover
+      // started the source; sources_config updates it) over one source.
+      bool config_invalid = false;
+      absl::Status s = StartLocked(source, &config_invalid);
+      if (!s.ok() && !config_invalid) return s;
+    }
   }
   return GetSource(spec.id());
 }

@@ -121,6 +121,14 @@ absl::Status ApplySourcesConfig(const handoff::v1::SourcesConfig& config,
       }
       logger->Info("declared source in place (spec updated if it changed safely)",
                    {{"source_id", id}});
+      if (updated->progress().state() == handoff::v1::SOURCE_STATE_CONFIG_INVALID) {
+        // The spec is saved; its restart was refused (e.g. an api_key naming an unset
+        // variable): that source halted, the others and the server go on.
+        logger->Error("declared source cannot start with its updated spec",
+                      {{"source_id", id},
+                       {"state", handoff::v1::SourceState_Name(updated->progress().state())},
+                       {"reason", updated->progress().reason()}});
+      }
     } else {
       return absl::Status(created.status().code(),
                           absl::StrCat(where, ": ", created.status().message()));

@@ -36,6 +36,8 @@ absl::StatusOr<handoff::v1::SourcesConfig> ParseSourcesConfig(const std::string&
 // Applies `config` (see above): a new source is created; an existing one whose spec
 // changed safely is updated in place (SourceManager::UpdateSource); an unsafe change is
 // refused naming the fields. Returns the first refusal; sources before it are applied.
+// A source that cannot start (as created or updated: an api_key naming an unset
+// variable, ...) is no refusal: it halts as CONFIG_INVALID, logged, and the rest goes on.
 absl::Status ApplySourcesConfig(const handoff::v1::SourcesConfig& config,
                                 consumer::SourceManager* manager, Logger* logger);
 

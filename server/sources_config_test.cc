@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "tests/testing/fake_source_manager.h"
 
@@ -131,6 +132,32 @@ TEST_F(SourcesConfigTest, SafeChangeIsApplied) {
   EXPECT_EQ(stored->spec().page_limit(), 100u);
   EXPECT_EQ(stored->spec().transport(), handoff::v1::TRANSPORT_SSE);
   EXPECT_EQ(stored->spec().failure_policy().max_attempts(), 9u);
+}
+
+// A safe change that leaves a source unable to start (an api_key naming an unset
+// variable) halts that source as CONFIG_INVALID, never the server's start: the apply goes
+// on, and the log names the source and the reason.
+TEST_F(SourcesConfigTest, AnUpdatedSourceThatCannotStartIsReportedAndTheApplyGoesOn) {
+  auto config = ParseSourcesConfig(kConfig);
+  ASSERT_TRUE(config.ok());
+  ASSERT_TRUE(ApplySourcesConfig(*config, &manager_, &logger_).ok());
+  handoff::v1::Progress halted;
+  halted.set_source_id("second");
+  halted.set_state(handoff::v1::SOURCE_STATE_CONFIG_INVALID);
+  halted.set_reason("cannot start: api_key.env: PROVIDER_KEY is not set");
+  ASSERT_TRUE(manager_.SetProgress(halted).ok());
+  config->mutable_sources(1)->mutable_spec()->mutable_api_key()->set_env("PROVIDER_KEY");
+  lines_.clear();
+  ASSERT_TRUE(ApplySourcesConfig(*config, &manager_, &logger_).ok());
+  bool reported = false;
+  for (const std::string& line : lines_) {
+    if (line.find("second") != std::string::npos &&
+        line.find("PROVIDER_KEY is not set") != std::string::npos &&
+        line.find("CONFIG_INVALID") != std::string::npos) {
+      reported = true;
+    }
+  }
+  EXPECT_TRUE(reported) << "log:\n" << absl::StrJoin(lines_, "\n");
 }
 
 }  // namespace

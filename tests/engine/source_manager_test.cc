@@ -1311,5 +1311,34 @@ TEST_F(ManagerTest, ListsPageThroughSourcesWithTokens) {
   EXPECT_TRUE(absl::StrContains(q.status().message(), "page_token")) << q.status();
 }
 
+// A safe change that leaves a running source unable to start (its api_key now names an
+// unset variable) is saved, and the source halts as CONFIG_INVALID with the reason; the
+// update answers with that state. At start-up Recover has already started the source,
+// so sources_config's UpdateSource restarts it: an error there failed the server's start.
+TEST_F(ManagerTest, AnUpdateThatLeavesASourceUnstartableHaltsItAsConfigInvalid) {
+  providers_["k"].SetPage("100", MakePage(100, 100, {MakeRow(100)}, "c1"));
+  ASSERT_TRUE(Create(Spec("k"), true).ok());
+  WaitForCursor("k", "c1");
+  Restart();  // Recover starts "k" again, as at a boot with a sources_config
+  unstartable_.insert("k");
+  handoff::v1::SourceSpec changed = Spec("k");
+  changed.mutable_api_key()->set_env("PROVIDER_KEY");
+  absl::StatusOr<handoff::v1::Source> updated = manager_->UpdateSource(changed);
+  ASSERT_TRUE(updated.ok()) << updated.status();
+  EXPECT_EQ(updated->spec().api_key().env(), "PROVIDER_KEY");
+  EXPECT_EQ(updated->progress().state(), handoff::v1::SOURCE_STATE_CONFIG_INVALID);
+  EXPECT_TRUE(absl::StrContains(updated->progress().reason(), "PROVIDER_KEY is not set"))
+      << updated->progress().reason();
+  Restart();  // the halt and the new spec are what the store keeps
+  absl::StatusOr<handoff::v1::Source> after = manager_->GetSource("k");
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->spec().api_key().env(), "PROVIDER_KEY");
+  EXPECT_EQ(after->progress().state(), handoff::v1::SOURCE_STATE_CONFIG_INVALID);
+  // The variable set: the source starts where it stood.
+  unstartable_.clear();
+  ASSERT_TRUE(manager_->StartSource("k").ok());
+  WaitForCursor("k", "c1");
+}
+
 }  // namespace
 }  // namespace handoff::tests

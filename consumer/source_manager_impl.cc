@@ -342,6 +342,13 @@ absl::Status SourceManagerImpl::StartLocked(const handoff::v1::Source& source,
     if (!sink.ok()) return HaltUnstartable(id, sink.status(), config_invalid);
     parts.sink = *std::move(sink);
   }
+  // The one place a stored halt is cleared: every start (StartSource, Recover, an
+  // update's or an idempotent create's restart) begins with none, or the halt of an
+  // earlier run would come back as the state of the source once it stops (the record
+  // StopSource writes carries it), across restarts. Written after the halted worker is
+  // reaped (its own halt may land while it leaves) and before this one starts (a halt
+  // it persists at once must not be overwritten).
+  RETURN_IF_ERROR(ClearStoredHalt(id));
   parts.effect = options_.effect;
   WorkerOptions wo = options_.worker;
   wo.max_events_per_step = options_.max_events_per_step;
@@ -355,6 +362,17 @@ absl::Status SourceManagerImpl::StartLocked(const handoff::v1::Source& source,
   }
   raw->Start();
   return absl::OkStatus();
+}
+
+absl::Status SourceManagerImpl::ClearStoredHalt(absl::string_view id) {
+  ASSIGN_OR_RETURN(handoff::v1::Source stored, store_->GetSource(id));
+  const handoff::v1::Progress& p = stored.progress();
+  if (!IsHaltedState(p.state()) && p.reason().empty() && !p.has_last_error() &&
+      p.funding_action().empty()) {
+    return absl::OkStatus();
+  }
+  stored.mutable_progress()->Clear();
+  return store_->PutSource(stored);
 }
 
 absl::Status SourceManagerImpl::StopLocked(absl::string_view id) {
@@ -426,10 +444,11 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::StartSource(absl::string_
     ASSIGN_OR_RETURN(handoff::v1::Source source, store_->GetSource(id));
     if (!IsRunning(id)) {
       // Written before the worker starts: a halt it persists at once (PersistHalt) must
-      // not be overwritten by this cleared record.
-      source.set_desired_running(true);
-      source.mutable_progress()->Clear();
-      RETURN_IF_ERROR(store_->PutSource(source));
+      // not be overwritten by this record. StartLocked clears the stored halt.
+      if (!source.desired_running()) {
+        source.set_desired_running(true);
+        RETURN_IF_ERROR(store_->PutSource(source));
+      }
       RETURN_IF_ERROR(StartLocked(source));
     }
   }

@@ -75,6 +75,9 @@ class SourceManagerImpl final : public SourceManager {
   // run (source.proto). The status is returned either way.
   absl::Status StartLocked(const handoff::v1::Source& source, bool* config_invalid = nullptr)
       ABSL_SHARED_LOCKS_REQUIRED(ops_mu_);
+  // Clears the halt (state, reason, error, funding action) the store keeps for `id`, if
+  // any: a worker about to start has none. Writes nothing when there is none.
+  absl::Status ClearStoredHalt(absl::string_view id);
   // Records `why` as the CONFIG_INVALID halt of `id` and returns it.
   absl::Status HaltUnstartable(absl::string_view id, absl::Status why, bool* config_invalid);
   // Stops and forgets the worker of `id` (if any). DEADLINE_EXCEEDED if it did not

@@ -1340,5 +1340,35 @@ TEST_F(ManagerTest, AnUpdateThatLeavesASourceUnstartableHaltsItAsConfigInvalid) 
   WaitForCursor("k", "c1");
 }
 
+// A halt is cleared whenever a worker starts, not by StartSource only: a source that
+// halted (AUTH_FAILED), was started again by Recover, ran, and was stopped, reports
+// STOPPED after the next restart, with no reason, error or funding action of the old
+// halt (the record StopSource wrote used to carry them back).
+TEST_F(ManagerTest, AnOldHaltDoesNotComeBackAsTheStateOfAStoppedSource) {
+  consumer::Refusal unauthorized;
+  unauthorized.kind = consumer::RefusalKind::kAuthFailed;
+  unauthorized.http_status = 401;
+  unauthorized.code = "unauthorized";
+  unauthorized.message = "HTTP 401 unauthorized";
+  providers_["old"].SetRefusal("100", unauthorized, /*times=*/1);
+  providers_["old"].SetPage("100", MakePage(100, 100, {MakeRow(100)}, "c1"));
+  ASSERT_TRUE(Create(Spec("old"), true).ok());
+  ASSERT_TRUE(WaitFor("old", [](const handoff::v1::Progress& p) {
+    return p.state() == handoff::v1::SOURCE_STATE_AUTH_FAILED;
+  }));
+  Restart();  // Recover starts it (still desired running): past the refusal, it runs
+  WaitForCursor("old", "c1");
+  ASSERT_TRUE(manager_->StopSource("old").ok());
+  Restart();
+  absl::StatusOr<handoff::v1::Source> s = manager_->GetSource("old");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FALSE(s->desired_running());
+  EXPECT_EQ(s->progress().state(), handoff::v1::SOURCE_STATE_STOPPED) << s->DebugString();
+  EXPECT_EQ(s->progress().reason(), "");
+  EXPECT_FALSE(s->progress().has_last_error()) << s->DebugString();
+  EXPECT_EQ(s->progress().funding_action(), "");
+  EXPECT_EQ(s->progress().checkpoint().resume_cursor(), "c1");
+}
+
 }  // namespace
 }  // namespace handoff::tests

@@ -11,7 +11,8 @@ void ProgressBoard::Update(absl::string_view id,
   e.progress.set_source_id(std::string(id));
   mutate(&e.progress);
   e.progress.set_updated_unix_ms(absl::ToUnixMillis(absl::Now()));
-  ++e.generation;
+  e.generation = ++last_generation_;
+  if (e.first_generation == 0) e.first_generation = e.generation;
   changed_.SignalAll();
 }
 
@@ -25,7 +26,6 @@ std::optional<handoff::v1::Progress> ProgressBoard::Get(absl::string_view id) co
 void ProgressBoard::Remove(absl::string_view id) {
   absl::MutexLock lock(&mu_);
   entries_.erase(id);
-  ++removals_;
   changed_.SignalAll();
 }
 
@@ -51,26 +51,25 @@ bool ProgressBoard::AwaitCheckpointVersion(absl::string_view id, uint64_t versio
 ProgressBoard::WaitResult ProgressBoard::Wait(absl::string_view id, uint64_t* generation,
                                               absl::Time deadline, handoff::v1::Progress* out) {
   absl::MutexLock lock(&mu_);
+  bool timed_out = false;
   while (true) {
     if (closed_) return WaitResult::kClosed;
     auto it = entries_.find(id);
-    if (it == entries_.end()) return WaitResult::kRemoved;
+    // Gone, or there again since: the watcher's source was removed either way.
+    if (it == entries_.end() ||
+        (*generation != 0 && *generation < it->second.first_generation)) {
+      return WaitResult::kRemoved;
+    }
     if (it->second.generation > *generation) {
       *generation = it->second.generation;
       *out = it->second.progress;
       return WaitResult::kChanged;
     }
-    if (changed_.WaitWithDeadline(&mu_, deadline)) {
-      auto again = entries_.find(id);
-      if (again != entries_.end()) *out = again->second.progress;
-      if (closed_) return WaitResult::kClosed;
-      if (again == entries_.end()) return WaitResult::kRemoved;
-      if (again->second.generation > *generation) {
-        *generation = again->second.generation;
-        return WaitResult::kChanged;
-      }
+    if (timed_out) {
+      *out = it->second.progress;
       return WaitResult::kTimeout;
     }
+    timed_out = changed_.WaitWithDeadline(&mu_, deadline);
   }
 }
 

@@ -1,5 +1,10 @@
-// ProgressBoard: the latest progress of every source, with a generation counter per
-// source so that watchers (WatchProgress) wait for changes without polling.
+// ProgressBoard: the latest progress of every source, with a generation per source so
+// that watchers (WatchProgress) wait for changes without polling.
+//
+// Generations come from one counter of the board, so they never repeat, not even for a
+// source deleted and created again: each entry remembers the first generation it had,
+// and a watcher holding a generation older than that watched an earlier incarnation of
+// the id, which was removed (kRemoved), not this one.
 //
 // Workers publish after each durable step or state change; readers copy snapshots.
 // Thread-safe.
@@ -34,6 +39,8 @@ class ProgressBoard {
   enum class WaitResult { kChanged, kTimeout, kRemoved, kClosed };
   // Waits until the generation of `id` exceeds `*generation`, the deadline passes, the
   // source is removed or the board is closed. Updates `*generation` and `*out`.
+  // `*generation` is 0 for a new watcher, else one this call returned: kRemoved when it
+  // is of an entry removed since, also if the id has an entry again.
   WaitResult Wait(absl::string_view id, uint64_t* generation, absl::Time deadline,
                   handoff::v1::Progress* out) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -49,12 +56,14 @@ class ProgressBoard {
   struct Entry {
     handoff::v1::Progress progress;
     uint64_t generation = 0;
+    // The generation of its first update: older ones are of an entry removed before.
+    uint64_t first_generation = 0;
   };
   mutable absl::Mutex mu_;
   absl::CondVar changed_;
   absl::flat_hash_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
-  // Bumped on Remove so waiters of a removed source notice.
-  uint64_t removals_ ABSL_GUARDED_BY(mu_) = 0;
+  // The last generation given to any entry.
+  uint64_t last_generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -1370,5 +1370,29 @@ TEST_F(ManagerTest, AnOldHaltDoesNotComeBackAsTheStateOfAStoppedSource) {
   EXPECT_EQ(s->progress().checkpoint().resume_cursor(), "c1");
 }
 
+// A watcher of a deleted source is told so (NOT_FOUND, as WatchProgress promises), also
+// when the source was created again while the watcher was between two waits: the new
+// source's progress is not the continuation of the stream it watched.
+TEST_F(ManagerTest, AWatcherOfADeletedSourceIsNotMovedOnToItsSuccessor) {
+  ASSERT_TRUE(Create(Spec("w"), false).ok());
+  uint64_t generation = 0;
+  ASSERT_TRUE(manager_->WaitProgress("w", &generation, absl::Now()).ok());
+  ASSERT_GT(generation, 0u);
+  ASSERT_TRUE(manager_->DeleteSource("w").ok());
+  ASSERT_TRUE(Create(Spec("w"), false).ok());
+  uint64_t seen = generation;
+  absl::StatusOr<handoff::v1::Progress> p = manager_->WaitProgress("w", &seen, absl::Now());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kNotFound) << p.status();
+  // Even once the new source has published more than the old one ever did.
+  ASSERT_TRUE(manager_->StartSource("w").ok());
+  ASSERT_TRUE(manager_->StopSource("w").ok());
+  seen = generation;
+  p = manager_->WaitProgress("w", &seen, absl::Now());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kNotFound) << p.status();
+  // A new watcher follows the new source.
+  uint64_t fresh = 0;
+  EXPECT_TRUE(manager_->WaitProgress("w", &fresh, absl::Now()).ok());
+}
+
 }  // namespace
 }  // namespace handoff::tests

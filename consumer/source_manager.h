@@ -63,6 +63,10 @@ struct SourceManagerOptions {
   WorkerOptions worker;
   // Tests: an extra transactional effect staged with every applied event (not owned).
   TransactionalEffect* effect = nullptr;
+  // Tests: asked by RebuildSource once the checkpoints are reset, before the source's
+  // record is written for the last time; true abandons the rebuild there with nothing
+  // more written, as a process killed at that point would (the test reopens the store).
+  std::function<bool()> crash_after_rebuild_reset;
 };
 
 class SourceManager {

@@ -784,10 +784,21 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::RebuildSource(
           absl::StrCat("source '", request.source_id(), "' is running: StopSource first"));
     }
     RETURN_IF_ERROR(StopLocked(request.source_id()));
-    RETURN_IF_ERROR(InitCheckpoints(source.spec(), request.from_block(), /*latest=*/false));
+    // The record (stopped, no halt) before the reset, which is another write: a crash
+    // between them must not leave the rebuilt checkpoints to a record that Recover starts
+    // (a halted source keeps desired_running). A rebuild cut short leaves the source
+    // stopped, as start=false asks, and start=true waits for the operator's new request.
     source.mutable_progress()->Clear();
-    source.set_desired_running(request.start());
+    source.set_desired_running(false);
     RETURN_IF_ERROR(store_->PutSource(source));
+    RETURN_IF_ERROR(InitCheckpoints(source.spec(), request.from_block(), /*latest=*/false));
+    if (options_.crash_after_rebuild_reset && options_.crash_after_rebuild_reset()) {
+      return absl::AbortedError("test: crashed after the rebuild's reset");
+    }
+    if (request.start()) {
+      source.set_desired_running(true);
+      RETURN_IF_ERROR(store_->PutSource(source));
+    }
     absl::StatusOr<handoff::v1::Progress> p = ProgressFromStore(source);
     if (p.ok()) board_.Update(source.spec().id(), [&](handoff::v1::Progress* out) { *out = *p; });
     if (request.start()) RETURN_IF_ERROR(StartLocked(source));

@@ -86,6 +86,7 @@ class ManagerTest : public ::testing::Test {
     mo.max_sources = 100;
     mo.observer = observer_;
     mo.stop_timeout = stop_timeout_;
+    mo.crash_after_rebuild_reset = [this] { return crash_after_rebuild_reset_.load(); };
     // Workers and the idle poller at the test's own priority: niced threads can starve
     // for minutes on a machine loaded by the other tests of the suite (a poll that never
     // comes, and an Unpark waiting for it).
@@ -236,6 +237,8 @@ class ManagerTest : public ::testing::Test {
   absl::flat_hash_set<std::string> streams_;
   // Sources whose provider cannot be made (as with an unset API key variable).
   absl::flat_hash_set<std::string> unstartable_;
+  // RebuildSource "crashes" once its checkpoints are reset, before its last record.
+  std::atomic<bool> crash_after_rebuild_reset_{false};
   FakeSink sink_{8};
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<consumer::SourceManager> manager_;
@@ -1392,6 +1395,43 @@ TEST_F(ManagerTest, AWatcherOfADeletedSourceIsNotMovedOnToItsSuccessor) {
   // A new watcher follows the new source.
   uint64_t fresh = 0;
   EXPECT_TRUE(manager_->WaitProgress("w", &fresh, absl::Now()).ok());
+}
+
+// RebuildSource writes the source's record (not desired running, no halt) before it
+// resets the checkpoints: a crash between the two leaves a halted source (which keeps
+// desired_running) stopped, as the operator asked with start=false, instead of being
+// started by Recover over its rebuilt checkpoints.
+TEST_F(ManagerTest, ACrashDuringARebuildDoesNotStartASourceAskedToStayStopped) {
+  consumer::Refusal unauthorized;
+  unauthorized.kind = consumer::RefusalKind::kAuthFailed;
+  unauthorized.http_status = 401;
+  unauthorized.code = "unauthorized";
+  providers_["rb"].SetRefusal("100", unauthorized, /*times=*/1000);
+  ASSERT_TRUE(Create(Spec("rb"), true).ok());
+  ASSERT_TRUE(WaitFor("rb", [](const handoff::v1::Progress& p) {
+    return p.state() == handoff::v1::SOURCE_STATE_AUTH_FAILED;
+  }));
+  handoff::v1::RebuildSourceRequest rebuild;
+  rebuild.set_source_id("rb");
+  rebuild.set_from_block(100);
+  rebuild.set_start(false);
+  crash_after_rebuild_reset_ = true;
+  EXPECT_FALSE(manager_->RebuildSource(rebuild).ok());
+  crash_after_rebuild_reset_ = false;
+  std::atomic<int> starts{0};
+  on_provider_ = [&](const std::string& id) {
+    if (id == "rb") ++starts;
+  };
+  Restart();
+  EXPECT_EQ(starts.load(), 0) << "Recover started a source the operator asked to keep stopped";
+  absl::StatusOr<handoff::v1::Source> s = manager_->GetSource("rb");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FALSE(s->desired_running());
+  EXPECT_EQ(s->progress().state(), handoff::v1::SOURCE_STATE_STOPPED) << s->DebugString();
+  // The rebuild done again completes, and the source stays stopped.
+  ASSERT_TRUE(manager_->RebuildSource(rebuild).ok());
+  EXPECT_EQ(starts.load(), 0);
+  on_provider_ = nullptr;
 }
 
 }  // namespace

@@ -139,11 +139,62 @@ std::string ShownContentType(absl::string_view content_type, absl::string_view s
   return absl::StrCat("'", absl::AsciiStrToLower(media), "'");
 }
 
+// The code a cut JSON refusal body began with, as the contract's bodies begin:
+// `{"error":"<code>"` or `{"error":{"code":"<code>"`. Empty when the cut came first (or
+// the body begins otherwise).
+std::string LeadingErrorCode(absl::string_view body) {
+  auto take = [&body](absl::string_view token) {
+    while (!body.empty() && absl::ascii_isspace(static_cast<unsigned char>(body[0]))) {
+      body.remove_prefix(1);
+    }
+    if (!absl::StartsWith(body, token)) return false;
+    body.remove_prefix(token.size());
+    return true;
+  };
+  if (!take("{") || !take("\"error\"") || !take(":")) return "";
+  if (take("{") && (!take("\"code\"") || !take(":"))) return "";
+  if (!take("\"")) return "";
+  const size_t end = body.find('"');
+  if (end == absl::string_view::npos || end == 0 || end > 64) return "";
+  for (char c : body.substr(0, end)) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' &&
+        c != '.') {
+      return "";
+    }
+  }
+  return std::string(body.substr(0, end));
+}
+
+// The code a refused status means when its body did not say (it was cut first). A 409
+// has two codes, both of which stop the source; resync_required is the one that names
+// what an operator does next (rebuild from a numeric start block).
+std::string DefaultErrorCode(int http_status) {
+  switch (http_status) {
+    case 400:
+      return "invalid_request";
+    case 401:
+      return "unauthorized";
+    case 402:
+      return "payment_required";
+    case 403:
+      return "forbidden";
+    case 409:
+      return "resync_required";
+    case 429:
+      return "rate_limited";
+    case 503:
+      return "chain_unavailable";
+    default:
+      return "";
+  }
+}
+
 }  // namespace
 
 Refusal ClassifyRefusal(int http_status, absl::string_view body,
                         std::optional<absl::Duration> retry_after_header,
-                        std::optional<int64_t> sse_retry_ms, absl::string_view secret) {
+                        std::optional<int64_t> sse_retry_ms, absl::string_view secret,
+                        bool body_cut) {
   Refusal r;
   r.http_status = http_status;
   std::string provider_message;
@@ -152,8 +203,14 @@ Refusal ClassifyRefusal(int http_status, absl::string_view body,
   // Best effort: a refusal body that is not JSON still maps by its status.
   simdjson::dom::parser parser;
   simdjson::dom::element doc;
-  if (!body.empty() && body.size() <= kMaxErrorBody &&
-      parser.parse(body.data(), body.size(), true).get(doc) == simdjson::SUCCESS) {
+  const bool parsed = !body.empty() && body.size() <= kMaxErrorBody &&
+                      parser.parse(body.data(), body.size(), true).get(doc) == simdjson::SUCCESS;
+  if (!parsed && body_cut) {
+    // Only the start arrived: the code it began with, else what the status means.
+    r.code = LeadingErrorCode(body);
+    if (r.code.empty()) r.code = DefaultErrorCode(http_status);
+  }
+  if (parsed) {
     simdjson::dom::element error;
     if (doc["error"].get(error) == simdjson::SUCCESS) {
       std::string_view s;
@@ -232,6 +289,9 @@ Refusal ClassifyRefusal(int http_status, absl::string_view body,
                                             : absl::StrCat("HTTP ", http_status),
                            r.code.empty() ? "" : " ", r.code,
                            provider_message.empty() ? "" : ": ", provider_message,
+                           body_cut && !parsed
+                               ? " (the response body was cut short; classified by its status)"
+                               : "",
                            http_status >= 300 && http_status < 400
                                ? " (redirects are not followed: fix the provider url)"
                                : "");
@@ -616,10 +676,18 @@ FetchResult HttpProvider::PollWith(CurlSession* session, const std::string& curs
   if (cancelled_.load()) return Cancelled();
   if (result.interrupted) return Transient("closed", "connection closed by Close()");
   if (handler.too_large()) return TooLarge(options_.max_page_bytes);
-  if (handler.error_capped()) {
-    return FetchResult::Refused(Scrub(ClassifyRefusal(handler.response().status, body,
+  const int status = handler.response().status;
+  // A refusal's status line and headers arrived but not its whole body (capped, cut by a
+  // closed connection, stalled): still the provider's answer, classified by its status
+  // and Retry-After header. A 409, 401 or 402 retried as a network failure would be
+  // retried forever; a 429's Retry-After would be ignored.
+  const bool body_failed = result.code != CURLE_OK || result.idle_timeout ||
+                           result.deadline_exceeded;
+  if (handler.error_capped() || (result.headers_done && status >= 300 && body_failed)) {
+    return FetchResult::Refused(Scrub(ClassifyRefusal(status, body,
                                                       handler.response().retry_after,
-                                                      std::nullopt, options_.api_key)));
+                                                      std::nullopt, options_.api_key,
+                                                      /*body_cut=*/true)));
   }
   if (result.idle_timeout) {
     return Transient("timeout", absl::StrCat("no data from the provider for ",
@@ -645,7 +713,6 @@ FetchResult HttpProvider::PollWith(CurlSession* session, const std::string& curs
     // Resets, timeouts, truncated bodies (CURLE_PARTIAL_FILE): the partial body is dropped.
     return FetchResult::Refused(Scrub(Refusal{RefusalKind::kTransient, 0, "network", absl::StrCat("transfer failed: ", result.error)}));
   }
-  const int status = handler.response().status;
   if (status != 200) {
     return FetchResult::Refused(Scrub(ClassifyRefusal(
         status, body, handler.response().retry_after, std::nullopt, options_.api_key)));
@@ -929,6 +996,16 @@ void HttpProvider::ReaderMain(std::string cursor, uint64_t stream_id) {
     PushTerminal(std::move(*handler.terminal()), stream_id);
     return;
   }
+  // A refused status whose headers arrived is the provider's answer, its body complete or
+  // not (capped, cut by a closed connection, stalled): classified by its status.
+  const int status = handler.response().status;
+  const bool body_complete = result.code == CURLE_OK && !result.idle_timeout;
+  if (result.headers_done && status != 200 && status != 0 && (body_complete || status >= 300)) {
+    PushTerminal(ClassifyRefusal(status, handler.error_body(), handler.response().retry_after,
+                                 std::nullopt, options_.api_key, /*body_cut=*/!body_complete),
+                 stream_id);
+    return;
+  }
   if (result.idle_timeout) {
     PushTerminal(Refusal{RefusalKind::kTransient, 0, result.headers_done ? "sse_silence" : "timeout",
                          result.headers_done
@@ -936,14 +1013,6 @@ void HttpProvider::ReaderMain(std::string cursor, uint64_t stream_id) {
                                             absl::FormatDuration(options_.sse_silence_timeout),
                                             "; reconnecting from the committed cursor")
                              : "no response from the provider"},
-                 stream_id);
-    return;
-  }
-  if (handler.response().status != 200 && handler.response().status != 0 &&
-      (result.code == CURLE_OK || !handler.error_body().empty())) {
-    PushTerminal(ClassifyRefusal(handler.response().status, handler.error_body(),
-                                 handler.response().retry_after, std::nullopt,
-                                 options_.api_key),
                  stream_id);
     return;
   }

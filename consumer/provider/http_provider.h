@@ -39,6 +39,9 @@
 //    "page_too_large": the same cursor would get the same page, so this must not be
 //    retried forever like a transient failure) and its transfer is aborted at once
 //    (a Content-Length above the limit aborts before any body byte is read).
+//  - A refused status (3xx-5xx) whose headers arrived is the provider's answer even when
+//    its body is then cut, stalls or is capped: it is classified by its status and
+//    Retry-After header (ClassifyRefusal's `body_cut`), never retried as a network failure.
 //  - Refusal mapping (the contract's table): 503 chain_unavailable and 429 => kRetryAfter
 //    (retry_after from the body, or the Retry-After header); other 5xx, 408, timeouts,
 //    resets, truncation, SSE silence => kTransient; 409 resync_required =>
@@ -128,9 +131,14 @@ absl::StatusOr<std::unique_ptr<Provider>> MakeHttpProvider(HttpProviderOptions o
 // `event: error` control's data to a Refusal. Exposed for tests. `secret` (the API key;
 // empty: none) is redacted from the provider's text, as is and in its JSON spelling,
 // before that text is cut to its 300 bytes, and no start of it is left at the cut.
+// `body_cut`: only the start of the body arrived (the transfer failed, stalled or was
+// capped after the status and headers): the code it began with counts, else the status's
+// default code (400 invalid_request, 401 unauthorized, 402 payment_required, 403
+// forbidden, 409 resync_required, 429 rate_limited, 503 chain_unavailable).
 Refusal ClassifyRefusal(int http_status, absl::string_view body,
                         std::optional<absl::Duration> retry_after_header,
-                        std::optional<int64_t> sse_retry_ms, absl::string_view secret = {});
+                        std::optional<int64_t> sse_retry_ms, absl::string_view secret = {},
+                        bool body_cut = false);
 
 class CurlSession;
 

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -658,6 +659,97 @@ TEST(HostileProviderTest, ANonStreamContentTypeLeavesNoPartOfTheKey) {
   FetchResult r = p->Fetch("1200");
   ASSERT_TRUE(r.refusal.has_value());
   EXPECT_TRUE(absl::StrContains(r.refusal->message, "text/html")) << Describe(r);
+}
+
+// A refusal whose body is cut short (a Content-Length larger than what arrives, then the
+// connection closes; or a body that stalls) is still the provider's answer: classified
+// by its status and Retry-After header, with the code its body began with, else the
+// status's default code; never a transient "network" failure retried forever. A 200 cut
+// short stays a transient failure (the partial page is dropped).
+TEST(HostileProviderTest, ARefusalWithACutBodyIsClassifiedByItsStatus) {
+  struct Case {
+    std::string status;
+    std::string headers;
+    std::string body_start;
+    RefusalKind kind;
+    std::string code;
+    std::optional<absl::Duration> retry_after;
+  };
+  const std::vector<Case> cases = {
+      {"409 Conflict", "", R"({"error":"resync_required","details":{"message":"rebuild fr)",
+       RefusalKind::kResyncRequired, "resync_required", std::nullopt},
+      {"409 Conflict", "", R"({"det)", RefusalKind::kResyncRequired, "resync_required",
+       std::nullopt},
+      {"409 Conflict", "", R"({"error" : "cursor_mismatch", "details":{)",
+       RefusalKind::kConfigInvalid, "cursor_mismatch", std::nullopt},
+      {"400 Bad Request", "", R"({"err)", RefusalKind::kConfigInvalid, "invalid_request",
+       std::nullopt},
+      {"401 Unauthorized", "", R"({"error":"unauth)", RefusalKind::kAuthFailed, "unauthorized",
+       std::nullopt},
+      {"403 Forbidden", "", "", RefusalKind::kAuthFailed, "forbidden", std::nullopt},
+      {"402 Payment Required", "",
+       R"({"error":{"code":"insufficient_credit","message":"top up",)",
+       RefusalKind::kFundingRequired, "insufficient_credit", std::nullopt},
+      {"429 Too Many Requests", "Retry-After: 60\r\n", R"({"error":"rate_li)",
+       RefusalKind::kRetryAfter, "rate_limited", absl::Seconds(60)},
+      {"503 Service Unavailable", "Retry-After: 7\r\n",
+       R"({"error":"chain_unavailable","retry_after":)", RefusalKind::kRetryAfter,
+       "chain_unavailable", absl::Seconds(7)},
+      {"500 Internal Server Error", "", "{", RefusalKind::kTransient, "", std::nullopt},
+      {"200 OK", "", R"({"from":1200,"through":nu)", RefusalKind::kTransient, "network",
+       std::nullopt},
+  };
+  Case current;
+  bool stall = false;
+  absl::Mutex mu;
+  ScriptedServer server([&](ScriptedServer::Conn& c) {
+    Case k;
+    bool s;
+    {
+      absl::MutexLock lock(&mu);
+      k = current;
+      s = stall;
+    }
+    if (!c.Send(ResponseHead(k.status, "application/json", k.body_start.size() + 100,
+                             k.headers) +
+                k.body_start)) {
+      return;
+    }
+    if (s) c.Pause(absl::Seconds(30));  // the body stalls (ended by Stop)
+  });
+  for (bool stalled : {false, true}) {
+    for (auto transport : {handoff::v1::TRANSPORT_POLL, handoff::v1::TRANSPORT_SSE}) {
+      HttpProviderOptions o = Options(server, transport);
+      o.read_timeout = absl::Seconds(1);
+      o.sse_silence_timeout = absl::Seconds(1);
+      std::unique_ptr<HttpProvider> p = Make(o);
+      for (const Case& k : cases) {
+        // A 200 cut short is a polled page's affair (a stream's is the corpus's); stalled,
+        // two refusals suffice (each waits out the 1 s timeout).
+        if (k.status == "200 OK" && (stalled || transport == handoff::v1::TRANSPORT_SSE)) {
+          continue;
+        }
+        if (stalled && k.status != "409 Conflict" && k.status != "429 Too Many Requests") {
+          continue;
+        }
+        {
+          absl::MutexLock lock(&mu);
+          current = k;
+          stall = stalled;
+        }
+        FetchResult r = p->Fetch("1200");
+        SCOPED_TRACE(absl::StrCat(transport, stalled ? " stalled " : " cut ", k.status, " ",
+                                  k.body_start, " -> ", Describe(r)));
+        ASSERT_TRUE(r.refusal.has_value());
+        EXPECT_EQ(r.refusal->kind, k.kind);
+        EXPECT_EQ(r.refusal->code, k.code);
+        EXPECT_EQ(r.refusal->retry_after, k.retry_after);
+        if (k.status != "200 OK") {
+          EXPECT_EQ(r.refusal->http_status, std::stoi(k.status));
+        }
+      }
+    }
+  }
 }
 
 // ----- through the engine --------------------------------------------------------------

@@ -48,6 +48,9 @@ CurlSession::CurlSession() {
   curl_easy_setopt(easy_, CURLOPT_FOLLOWLOCATION, 0L);
   curl_easy_setopt(easy_, CURLOPT_TCP_KEEPALIVE, 1L);
   curl_easy_setopt(easy_, CURLOPT_TCP_NODELAY, 1L);
+  // Behind a proxy (https_proxy), its answer to CONNECT ("200 Connection established")
+  // is not the provider's response: keep it from the header callback.
+  curl_easy_setopt(easy_, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
   // Set once: curl_easy_reset would free and reallocate this buffer every request.
   curl_easy_setopt(easy_, CURLOPT_BUFFERSIZE, 256L * 1024);
   curl_easy_setopt(easy_, CURLOPT_WRITEFUNCTION, &CurlSession::WriteCallback);
@@ -145,12 +148,20 @@ size_t CurlSession::HeaderCallback(char* data, size_t size, size_t n, void* user
   absl::string_view line(data, len);
   line = absl::StripTrailingAsciiWhitespace(line);
   if (absl::StartsWith(line, "HTTP/")) {
+    // A new response: an interim one (1xx) or a proxy's went before it. Only the last
+    // response's status and headers count, so they start over here.
     ctx->response = Response();
+    ctx->headers_done = false;
     size_t sp = line.find(' ');
-    int status = 0;
-    if (sp != absl::string_view::npos &&
-        absl::SimpleAtoi(line.substr(sp + 1, 3), &status)) {
-      ctx->response.status = status;
+    if (sp != absl::string_view::npos) {
+      // Exactly three digits, then a space or the end ("2000" or "20x" is no status).
+      absl::string_view code = line.substr(sp + 1);
+      code = code.substr(0, code.find(' '));
+      int status = 0;
+      if (code.size() == 3 && std::all_of(code.begin(), code.end(), absl::ascii_isdigit) &&
+          absl::SimpleAtoi(code, &status)) {
+        ctx->response.status = status;
+      }
     }
     return len;
   }

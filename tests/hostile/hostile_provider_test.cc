@@ -7,6 +7,7 @@
 #include <dirent.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -750,6 +751,100 @@ TEST(HostileProviderTest, ARefusalWithACutBodyIsClassifiedByItsStatus) {
       }
     }
   }
+}
+
+// Interim responses before the real one: a `100 Continue` (or `103 Early Hints` with
+// headers of its own) is not the answer, the response after it is, and its headers
+// alone count.
+TEST(HostileProviderTest, InterimResponsesAreNotTheAnswer) {
+  const std::string page = ReadFile(absl::StrCat(kCorpus, "/page_valid.json"));
+  const std::string resync = R"({"error":"resync_required"})";
+  const std::vector<std::string> interims = {
+      "HTTP/1.1 100 Continue\r\n\r\n",
+      "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\n"
+      "Content-Type: text/event-stream\r\nRetry-After: 99\r\nLink: </x>\r\n\r\n",
+  };
+  std::string response;
+  absl::Mutex mu;
+  ScriptedServer server([&](ScriptedServer::Conn& c) {
+    absl::MutexLock lock(&mu);
+    c.Send(response);
+  });
+  std::unique_ptr<HttpProvider> p = Make(Options(server, handoff::v1::TRANSPORT_POLL));
+  for (const std::string& interim : interims) {
+    SCOPED_TRACE(interim);
+    {
+      absl::MutexLock lock(&mu);
+      response = interim + ResponseHead("409 Conflict", "application/json", resync.size()) + resync;
+    }
+    FetchResult r = p->Fetch("1200");
+    SCOPED_TRACE(Describe(r));
+    ASSERT_TRUE(r.refusal.has_value());
+    EXPECT_EQ(r.refusal->kind, RefusalKind::kResyncRequired);
+    EXPECT_EQ(r.refusal->http_status, 409);
+    EXPECT_EQ(r.refusal->retry_after, std::nullopt);
+    {
+      absl::MutexLock lock(&mu);
+      response = interim + ResponseHead("200 OK", "application/json", page.size()) + page;
+    }
+    r = p->Fetch("1200");
+    SCOPED_TRACE(Describe(r));
+    ASSERT_TRUE(r.page.has_value());
+    EXPECT_FALSE(r.page->items.empty());
+  }
+}
+
+// Environment variables set for one scope (a proxy for libcurl), restored after it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = getenv(name)) old_ = old;
+    if (value != nullptr) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_.c_str(), old_->c_str(), 1);
+    } else {
+      unsetenv(name_.c_str());
+    }
+  }
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+// An https provider behind a proxy: the proxy's `200 Connection established` to CONNECT
+// is not the provider's answer (libcurl is told to keep it from the header callback).
+// Here the tunnel then fails (this proxy speaks no TLS): a transient failure, not the
+// stream's response taken for a 200 without Content-Type ("not_event_stream", a halt
+// once repeated).
+TEST(HostileProviderTest, AProxysConnectResponseIsNotTheAnswer) {
+  ScriptedServer proxy([](ScriptedServer::Conn& c) {
+    if (!absl::StartsWith(c.request(), "CONNECT ")) return;
+    c.Send("HTTP/1.1 200 Connection established\r\nProxy-Agent: scripted\r\n\r\n"
+           "not a TLS server hello");
+  });
+  ScopedEnv https_proxy("https_proxy", proxy.base_url().c_str());
+  ScopedEnv no_proxy("no_proxy", nullptr);
+  ScopedEnv no_proxy_upper("NO_PROXY", nullptr);
+  for (auto transport : {handoff::v1::TRANSPORT_POLL, handoff::v1::TRANSPORT_SSE}) {
+    HttpProviderOptions o = Options(proxy, transport);
+    o.base_url = "https://provider.invalid";
+    std::unique_ptr<HttpProvider> p = Make(o);
+    FetchResult r = p->Fetch("1200");
+    SCOPED_TRACE(absl::StrCat(transport, ": ", Describe(r)));
+    ASSERT_TRUE(r.refusal.has_value());
+    EXPECT_EQ(r.refusal->kind, RefusalKind::kTransient);
+    EXPECT_EQ(r.refusal->http_status, 0);
+  }
+  ASSERT_FALSE(proxy.requests().empty());
+  EXPECT_TRUE(absl::StartsWith(proxy.requests()[0], "CONNECT provider.invalid:443"))
+      << proxy.requests()[0];
 }
 
 // ----- through the engine --------------------------------------------------------------

@@ -127,6 +127,8 @@ PageAttempt::Result PageAttempt::Validate() {
     if (verdict.nothing_new) return Make(Kind::kNothingNew);
     orphans_ = std::move(verdict.orphans);
     correction_depth_ = verdict.correction_depth;
+    replaces_history_ = page_.reorg || !orphans_.empty() || verdict.clear_applied ||
+                        verdict.rewound_applied.has_value();
     if (verdict.clear_applied) {
       base_applied_.reset();
       clear_applied_ = true;
@@ -264,9 +266,7 @@ std::unique_ptr<store::StepBatch> PageAttempt::NewStep(size_t events) {
   std::unique_ptr<store::StepBatch> step = config_.store->NewStep(config_.source_id, reserve);
   // Every step of a page that replaces history fences the delivery stage, the steps that
   // only insert too (StepBatch::MarkReplacesHistory).
-  if (config_.stage == store::Stage::kIngest && (page_.reorg || !orphans_.empty())) {
-    step->MarkReplacesHistory();
-  }
+  if (config_.stage == store::Stage::kIngest && replaces_history_) step->MarkReplacesHistory();
   // The replaced range is deleted before anything of the page is inserted, in the same
   // batch as the page's first effects.
   StageOrphans(step.get());

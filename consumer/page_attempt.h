@@ -254,6 +254,10 @@ class PageAttempt {
   // applied_position before this page's events (rewound by a correction).
   std::optional<Position> base_applied_;
   bool clear_applied_ = false;
+  // The page replaces applied history (a correction, or a page that replaces an
+  // abandoned attempt's work, rewinding the applied position): each of its steps fences
+  // the delivery stage, whose run in flight may lie around the events it inserts.
+  bool replaces_history_ = false;
   uint64_t replayed_ = 0;
   bool replays_counted_ = false;
   std::vector<Slot> slots_;

@@ -39,7 +39,9 @@ using consumer::testing::MakeRow;
 // and the sample sink live outside it and survive Restart().
 class Rig {
  public:
-  explicit Rig(std::string dir) : dir_(std::move(dir)) {
+  // `max_events_per_step` 0: the worker's default.
+  explicit Rig(std::string dir, int max_events_per_step = 0)
+      : dir_(std::move(dir)), max_events_per_step_(max_events_per_step) {
     sim::SampleSink::Options so;
     so.core.db_path = dir_ + "-sink";
     absl::StatusOr<std::unique_ptr<sim::SampleSink>> sink = sim::SampleSink::Start(so);
@@ -72,6 +74,7 @@ class Rig {
     // lookahead (the next run's first call sent during this run's commit) is exercised,
     // including by the crash at every delivery step.
     mo.worker.delivery_run = 3;
+    if (max_events_per_step_ > 0) mo.max_events_per_step = max_events_per_step_;
     mo.factories.provider = [this](const handoff::v1::SourceSpec& spec)
         -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
       return std::unique_ptr<consumer::Provider>(new consumer::testing::ForwardingProvider(&providers_[spec.id()]));
@@ -89,10 +92,14 @@ class Rig {
   // A crash: workers abandoned where they stand (a fault point already stopped the one
   // that matters), the database closed and reopened from disk, sources recovered.
   void Restart() {
+    Close();
+    Open();
+  }
+  // The first half of Restart(): the process gone, its fault points disarmed.
+  void Close() {
     FaultPoints::DisarmAll();
     manager_.reset();
     store_.reset();
-    Open();
   }
 
   handoff::v1::SourceSpec Spec(const std::string& id, handoff::v1::DeliveryGate gate,
@@ -186,6 +193,7 @@ class Rig {
 
  private:
   const std::string dir_;
+  const int max_events_per_step_;
   std::map<std::string, FakeProvider> providers_;
   std::unique_ptr<sim::SampleSink> sink_;
   std::unique_ptr<store::Store> store_;
@@ -655,6 +663,68 @@ TEST(Effects, AnInsertOnlyCorrectionFencesADeliveryWaitingToRetry) {
     EXPECT_EQ(records.count(key), 1u) << key;
   }
   EXPECT_EQ(rig.DeliveryReceipts("ins").size(), 5u);
+}
+
+// An attempt abandoned before its barrier (a crash) left events 102:0 and 105:0 applied;
+// asked again, the page carries a new event between them (103:0: the provider split or
+// rewrote the blocks it had not confirmed), which the validator accepts as a replacement
+// of the abandoned attempt's work. Meanwhile the delivery stage has read the run
+// 102:0-105:0 and sent it. The page's step fences the delivery stage, whose commit then
+// rereads instead of removing the run's range from the outbox. Before: that range
+// deletion took the new 103:0 entry with it, and 103:0 was never delivered.
+TEST(Effects, AnEventInsertedBehindAnAbandonedAttemptFencesTheDeliveryInFlight) {
+  Rig rig(consumer::testing::TestDir("backfill-abandoned"), /*max_events_per_step=*/1);
+  FakeProvider& provider = rig.provider("bf");
+  // Safe through 106 from the first page on (the gate is open for what is applied).
+  provider.SetPage("100", WithMarks(MakePage(100, 101, {MakeRow(100)}, "c1"), 106, 106));
+  provider.SetPage("c1", WithMarks(MakePage(102, 106, {MakeRow(102), MakeRow(105), MakeRow(106)},
+                                            "c2"),
+                                   106, 106));
+  // No delivery before the crash (the sink refuses without using an attempt).
+  handoff::sim::v1::FaultConfig unavailable;
+  unavailable.set_fail_next_calls(1000000);
+  rig.sink()->SetFaults(unavailable);
+  std::shared_ptr<std::atomic<bool>> crashed = CrashAtNthHit("ingest.before_barrier", 2);
+  rig.Create(rig.Spec("bf", handoff::v1::DELIVERY_GATE_SAFE));
+  ASSERT_TRUE(rig.WaitFor("bf", [&](const handoff::v1::Progress&) { return crashed->load(); }));
+  ASSERT_EQ(rig.OutboxEntries("bf").size(), 3u);  // 100:0, and 102:0 and 105:0 abandoned
+  rig.Close();
+  // Restarted, the ingest stage gets nothing until the delivery stage has sent its run.
+  consumer::Refusal unavailable_upstream;
+  unavailable_upstream.kind = consumer::RefusalKind::kTransient;
+  provider.SetRefusal("c1", unavailable_upstream, 1000000);
+  absl::Notification sent, release;
+  auto hits = std::make_shared<std::atomic<int>>(0);
+  FaultPoints::Arm("delivery.after_deliver", [&sent, &release, hits] {
+    if (hits->fetch_add(1) == 0) {
+      sent.Notify();
+      release.WaitForNotificationWithTimeout(absl::Seconds(60));
+    }
+    return false;
+  });
+  rig.sink()->SetFaults(handoff::sim::v1::FaultConfig());
+  rig.Open();
+  ASSERT_TRUE(sent.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_EQ(rig.Records().count(KeyOf("bf", 105, 0, "a")), 1u);
+  provider.SetPage("c1", WithMarks(MakePage(102, 106, {MakeRow(102), MakeRow(103), MakeRow(105),
+                                                       MakeRow(106)},
+                                            "c2"),
+                                   106, 106));
+  provider.SetRefusal("c1", unavailable_upstream, 0);
+  const bool committed = rig.WaitFor("bf", [](const handoff::v1::Progress& p) {
+    return p.checkpoint().resume_cursor() == "c2";
+  });
+  release.Notify();
+  ASSERT_TRUE(committed) << "the page was never committed";
+  ASSERT_TRUE(rig.WaitFor("bf", [](const handoff::v1::Progress& p) {
+    return DeliveredThrough(p, 106, 0);
+  })) << "delivery never reached 106:0";
+  std::map<std::string, sim::SinkRecord> records = rig.Records();
+  for (uint64_t b : {100, 102, 103, 105, 106}) {
+    EXPECT_EQ(records.count(KeyOf("bf", b, 0, "a")), 1u) << b;
+  }
+  EXPECT_EQ(rig.DeliveryReceipts("bf").size(), 5u);
+  EXPECT_TRUE(rig.OutboxEntries("bf").empty());
 }
 
 // Starts SAFE source `id` over blocks 100..`through` (two events each, fork "a", all

@@ -59,6 +59,24 @@ absl::Status SseParser::Feed(absl::string_view chunk, const FrameCallback& on_fr
     return absl::ResourceExhaustedError(
         absl::StrCat("SSE frame exceeds ", max_frame_bytes_, " bytes"));
   }
+  if (at_stream_start_) {
+    // A UTF-8 byte order mark at the very start of the stream is not part of it (the SSE
+    // spec's UTF-8 decode drops one); its bytes may arrive in several reads.
+    static constexpr absl::string_view kBom = "\xEF\xBB\xBF";
+    while (!chunk.empty() && bom_bytes_ < kBom.size() && chunk[0] == kBom[bom_bytes_]) {
+      chunk.remove_prefix(1);
+      ++bom_bytes_;
+    }
+    if (bom_bytes_ == kBom.size()) {
+      at_stream_start_ = false;
+    } else if (!chunk.empty()) {
+      // Not a mark after all: the bytes held back begin the first line (none is CR/LF).
+      line_.assign(kBom.data(), bom_bytes_);
+      at_stream_start_ = false;
+    } else {
+      return absl::OkStatus();  // all of it so far may be the start of a mark
+    }
+  }
   const char* const begin = chunk.data();
   const size_t n = chunk.size();
   size_t pos = 0;
@@ -162,9 +180,13 @@ void SseParser::ProcessLine(absl::string_view line, const FrameCallback& on_fram
   any_field_ = true;
 }
 
-bool SseParser::HasPartialFrame() const { return !line_.empty() || any_field_; }
+bool SseParser::HasPartialFrame() const {
+  return !line_.empty() || any_field_ || (at_stream_start_ && bom_bytes_ > 0);
+}
 
 void SseParser::Reset() {
+  at_stream_start_ = true;
+  bom_bytes_ = 0;
   line_.clear();
   in_data_line_ = false;
   skip_lf_ = failed_ = any_field_ = has_id_ = has_data_ = false;

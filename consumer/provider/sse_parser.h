@@ -4,7 +4,9 @@
 // reads); complete frames come out in order. Lines end in CRLF, LF or CR; lines starting
 // with ':' are comments; the fields are id, event, data (several data lines are joined
 // with '\n') and retry (decimal milliseconds; other values ignored); unknown fields are
-// ignored; a blank line dispatches the frame if it carried any known field.
+// ignored; a blank line dispatches the frame if it carried any known field. One UTF-8
+// byte order mark at the very start of the stream (of a Reset()) is dropped, as the spec
+// says; anywhere else it is an ordinary byte.
 //
 // Invariants: memory held is bounded by max_frame_bytes (a frame, or a line, that would
 // exceed it is an error and the parser stays failed until Reset(), so an endless line
@@ -81,6 +83,8 @@ class SseParser {
 
   const size_t max_frame_bytes_;
   const size_t data_slack_;
+  bool at_stream_start_ = true;  // no byte of the stream consumed yet but a mark's
+  size_t bom_bytes_ = 0;         // bytes of a leading byte order mark seen so far
   std::string line_;        // an unterminated line carried over from the previous chunk
   bool in_data_line_ = false;  // the unterminated line is a data line, going to data_
   bool skip_lf_ = false;    // the previous chunk ended in CR: a leading LF belongs to it

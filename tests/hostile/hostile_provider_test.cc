@@ -847,6 +847,41 @@ TEST(HostileProviderTest, AProxysConnectResponseIsNotTheAnswer) {
       << proxy.requests()[0];
 }
 
+// A stream that begins with a UTF-8 byte order mark: its first frame is what it would be
+// without it (a control stays a control, a page whose first line is its data a page).
+TEST(HostileProviderTest, AStreamsLeadingByteOrderMarkIsDropped) {
+  const std::string page = ReadFile(absl::StrCat(kCorpus, "/page_valid.json"));
+  const std::string bom = "\xEF\xBB\xBF";
+  std::string stream;
+  absl::Mutex mu;
+  ScriptedServer server([&](ScriptedServer::Conn& c) {
+    std::string s;
+    {
+      absl::MutexLock lock(&mu);
+      s = stream;
+    }
+    if (!c.Send(ResponseHead("200 OK", "text/event-stream", -1) + bom)) return;
+    c.Send(s);  // the mark in a read of its own, if the reads follow the sends
+  });
+  {
+    absl::MutexLock lock(&mu);
+    stream = "event: error\ndata: {\"error\":\"resync_required\"}\n\n";
+  }
+  std::unique_ptr<HttpProvider> p = Make(Options(server, handoff::v1::TRANSPORT_SSE));
+  FetchResult r = p->Fetch("1200");
+  SCOPED_TRACE(Describe(r));
+  ASSERT_TRUE(r.refusal.has_value());
+  EXPECT_EQ(r.refusal->kind, RefusalKind::kResyncRequired);
+  {
+    absl::MutexLock lock(&mu);
+    stream = absl::StrCat("data: ", page, "\nid: c1210\n\n");
+  }
+  r = p->Fetch("1200");
+  SCOPED_TRACE(Describe(r));
+  ASSERT_TRUE(r.page.has_value());
+  EXPECT_FALSE(r.page->items.empty());
+}
+
 // ----- through the engine --------------------------------------------------------------
 
 // Every state change the engine reports, as it happens: progress, sampled, can miss a

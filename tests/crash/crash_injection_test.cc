@@ -242,12 +242,15 @@ TEST(CrashInjection, CrashAfterPageBarrier) {
 }
 
 TEST(CrashInjection, PersistingTheTokenRightAfterFetchIsImpossible) {
-  // Crash right after a successful fetch: the resume cursor is still the request's.
+  // Crash once the second page is fetched and validated, before anything of it commits:
+  // the resume cursor is still the request's (an engine that persisted the fetched
+  // page's `next` on arrival would show c2). The worker's own crash right after a fetch
+  // is ManagerTest.AWorkerKilledRightAfterAFetchResumesAtTheRequestCursor.
   const Script script = LinearScript(100, 2);
   Harness h(consumer::testing::TestDir("after-fetch"), Local());
   h.Open();
   h.Load(script);
-  FaultPoints::ArmNth("ingest.after_fetch", 2);
+  FaultPoints::ArmNth("ingest.before_event_commit", 4);  // three events a page, one a step
   ASSERT_EQ(h.RunUntilIdle().kind, Kind::kCrashed);
   h.Crash();
   EXPECT_EQ(h.Checkpoint().resume_cursor(), "c1");

@@ -531,6 +531,12 @@ TEST(UnsafeShortcuts, LateRetryCannotOverwriteANewerCheckpoint) {
   absl::StatusOr<store::CheckpointRecord> r = h.store()->CompareAndSwap(
       h.id(), store::Stage::kIngest, stale.resume_cursor(), stale.version(), "c1");
   EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
+  // The version alone fences too: a late retry that names the current cursor (a provider
+  // whose cursors repeat) with the version it read is refused.
+  ASSERT_NE(stale.version(), newest.version());
+  r = h.store()->CompareAndSwap(h.id(), store::Stage::kIngest, newest.resume_cursor(),
+                                stale.version(), "c1");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted);
   EXPECT_EQ(h.Checkpoint().resume_cursor(), newest.resume_cursor());
   EXPECT_EQ(h.Checkpoint().version(), newest.version());
 }

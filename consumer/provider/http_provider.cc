@@ -929,7 +929,12 @@ class StreamHandler : public CurlSession::Handler {
       return false;  // the provider closes after a control; so do we
     }
     if (!frame.event.empty() && frame.event != "message") return true;  // unknown: ignored
-    if (!frame.has_data) return true;
+    if (!frame.has_data || frame.data.empty()) {
+      // Not an event: the SSE spec dispatches no frame whose data buffer is empty (`data:`
+      // alone, or an id without data).
+      sse_.GiveBack(std::move(frame.data));
+      return true;
+    }
     std::optional<PageSlot> slot = reserve_();
     if (!slot.has_value()) {
       stopped_ = true;

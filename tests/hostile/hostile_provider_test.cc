@@ -882,6 +882,21 @@ TEST(HostileProviderTest, AStreamsLeadingByteOrderMarkIsDropped) {
   EXPECT_FALSE(r.page->items.empty());
 }
 
+// A frame whose data is empty (`data:`, `data`, with or without an id) is not an event
+// (the SSE spec does not dispatch an empty data buffer): not a malformed page, and the
+// page after it is read.
+TEST(HostileProviderTest, AFrameWithEmptyDataIsNotAPage) {
+  const std::string page = ReadFile(absl::StrCat(kCorpus, "/page_valid.json"));
+  ScriptedServer server(Answer(ResponseHead("200 OK", "text/event-stream", -1) +
+                               "data:\n\ndata\n\nid: c1205\ndata:\n\nevent: message\ndata: \n\n" +
+                               absl::StrCat("id: c1210\ndata: ", page, "\n\n")));
+  std::unique_ptr<HttpProvider> p = Make(Options(server, handoff::v1::TRANSPORT_SSE));
+  FetchResult r = p->Fetch("1200");
+  SCOPED_TRACE(Describe(r));
+  ASSERT_TRUE(r.page.has_value());
+  EXPECT_EQ(r.page->next, "c1210");
+}
+
 // ----- through the engine --------------------------------------------------------------
 
 // Every state change the engine reports, as it happens: progress, sampled, can miss a

@@ -107,6 +107,23 @@ void RedactAndCut(absl::string_view secret, size_t max, std::string* text) {
   }
 }
 
+// The provider's `error` code as a Refusal keeps it (it reaches last_error, logs and the
+// engine's reasons): the secret redacted, whole and any start of it left at the cut, then
+// cut to kMaxCode bytes (a redaction marker past the cut is cut too) and every byte
+// outside [A-Za-z0-9_.:-] and the marker's brackets replaced by '_'.
+constexpr size_t kMaxCode = 64;
+std::string SafeCode(std::string code, absl::string_view secret) {
+  RedactAndCut(secret, kMaxCode, &code);
+  if (code.size() > kMaxCode) code.resize(kMaxCode);
+  for (char& c : code) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) &&
+        absl::string_view("_-.:[]").find(c) == absl::string_view::npos) {
+      c = '_';
+    }
+  }
+  return code;
+}
+
 // Whether `text` and `secret` share kMinSecretFragment or more consecutive bytes, in any
 // letter case.
 bool SharesSecretFragment(absl::string_view text, absl::string_view secret) {
@@ -155,7 +172,7 @@ std::string LeadingErrorCode(absl::string_view body) {
   if (take("{") && (!take("\"code\"") || !take(":"))) return "";
   if (!take("\"")) return "";
   const size_t end = body.find('"');
-  if (end == absl::string_view::npos || end == 0 || end > 64) return "";
+  if (end == absl::string_view::npos || end == 0 || end > kMaxCode) return "";
   for (char c : body.substr(0, end)) {
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' &&
         c != '.') {
@@ -283,7 +300,7 @@ Refusal ClassifyRefusal(int http_status, absl::string_view body,
   // Redacted before the message is cut: a cut first could leave part of the secret,
   // which a later redaction of the whole secret would not find.
   RedactAndCut(secret, kMaxMessage, &provider_message);
-  Redact(secret, &r.code);
+  r.code = SafeCode(std::move(r.code), secret);
   Redact(secret, &r.funding_action_json);
   r.message = absl::StrCat(http_status == 0 ? std::string("SSE error control")
                                             : absl::StrCat("HTTP ", http_status),

@@ -130,7 +130,8 @@ absl::StatusOr<std::unique_ptr<Provider>> MakeHttpProvider(HttpProviderOptions o
 // Maps a refused HTTP response (status != 200) or, with http_status 0, an SSE
 // `event: error` control's data to a Refusal. Exposed for tests. `secret` (the API key;
 // empty: none) is redacted from the provider's text, as is and in its JSON spelling,
-// before that text is cut to its 300 bytes, and no start of it is left at the cut.
+// before that text is cut to its 300 bytes, and no start of it is left at the cut. The
+// provider's code is kept to 64 bytes of [A-Za-z0-9_.:-] (others become '_').
 // `body_cut`: only the start of the body arrived (the transfer failed, stalled or was
 // capped after the status and headers): the code it began with counts, else the status's
 // default code (400 invalid_request, 401 unauthorized, 402 payment_required, 403

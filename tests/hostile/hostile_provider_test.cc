@@ -897,6 +897,71 @@ TEST(HostileProviderTest, AFrameWithEmptyDataIsNotAPage) {
   EXPECT_EQ(r.page->next, "c1210");
 }
 
+// The provider's `error` code goes into last_error, logs and the engine's reasons: a
+// hostile body cannot put kilobytes, line breaks or control bytes there (at most 64
+// bytes of a safe charset), nor any part of the API key (cut anywhere inside it).
+TEST(HostileProviderTest, TheProvidersErrorCodeIsCappedAndSafe) {
+  const std::string key = "k3y-Abcdefghijklmnopqrstuvwxyz0123456789";
+  const std::vector<std::string> codes = {
+      std::string(10000, 'A'),
+      absl::StrCat("resync_required\\r\\nX-Injected: 1\\u0000\\u001b[31m", std::string(500, 'z')),
+      absl::StrCat(std::string(50, 'c'), key, "-tail"),
+      absl::StrCat(std::string(60, 'c'), key),
+      absl::StrCat("\\u00e9\\u4e2d", key),
+  };
+  std::string body;
+  bool sse = false;
+  absl::Mutex mu;
+  ScriptedServer server([&](ScriptedServer::Conn& c) {
+    std::string b;
+    bool s;
+    {
+      absl::MutexLock lock(&mu);
+      b = body;
+      s = sse;
+    }
+    if (s) {
+      c.Send(ResponseHead("200 OK", "text/event-stream", -1) + "event: error\ndata: " + b +
+             "\n\n");
+    } else {
+      c.Send(ResponseHead("400 Bad Request", "application/json", b.size()) + b);
+    }
+  });
+  for (auto transport : {handoff::v1::TRANSPORT_POLL, handoff::v1::TRANSPORT_SSE}) {
+    HttpProviderOptions o = Options(server, transport);
+    o.api_key = key;
+    std::unique_ptr<HttpProvider> p = Make(o);
+    for (bool nested : {false, true}) {
+      for (const std::string& code : codes) {
+        {
+          absl::MutexLock lock(&mu);
+          sse = transport == handoff::v1::TRANSPORT_SSE;
+          body = nested ? absl::StrCat(R"({"error":{"code":")", code, R"(","message":"m"}})")
+                        : absl::StrCat(R"({"error":")", code, R"("})");
+        }
+        FetchResult r = p->Fetch("1200");
+        SCOPED_TRACE(absl::StrCat(transport, nested ? " nested " : " ", code.substr(0, 80),
+                                  " -> ", Describe(r).substr(0, 300)));
+        ASSERT_TRUE(r.refusal.has_value());
+        EXPECT_LE(r.refusal->code.size(), 64u);
+        EXPECT_FALSE(r.refusal->code.empty());
+        for (char ch : r.refusal->code) {
+          EXPECT_TRUE(absl::ascii_isalnum(static_cast<unsigned char>(ch)) ||
+                      absl::string_view("_-.:[]").find(ch) != absl::string_view::npos)
+              << static_cast<int>(static_cast<unsigned char>(ch));
+        }
+        EXPECT_LE(r.refusal->message.size(), 500u);
+        EXPECT_FALSE(absl::StrContains(r.refusal->message, "\n"));
+        for (const std::string* text : {&r.refusal->code, &r.refusal->message}) {
+          EXPECT_FALSE(HasFragmentOf(*text, key, 6)) << *text;
+        }
+        // A known code is still known; anything else is not mistaken for one.
+        EXPECT_NE(r.refusal->kind, RefusalKind::kResyncRequired);
+      }
+    }
+  }
+}
+
 // ----- through the engine --------------------------------------------------------------
 
 // Every state change the engine reports, as it happens: progress, sampled, can miss a

@@ -105,10 +105,20 @@ absl::Status ApplySourcesConfig(const handoff::v1::SourcesConfig& config,
     const std::string& id = declared.spec().id();
     const std::string where = absl::StrCat("sources_config: sources[", i, "] (id \"", id, "\")");
 
+    // `start` applies to a source this file creates. One that exists keeps its stored
+    // desired_running: the operator's StartSource/StopSource since it was created wins
+    // over the file at every start (a source stopped on purpose stays stopped).
+    absl::StatusOr<handoff::v1::Source> existing = manager->GetSource(id);
+    const bool exists = existing.ok();
     handoff::v1::CreateSourceRequest create;
     *create.mutable_spec() = declared.spec();
-    create.set_start(declared.start());
+    create.set_start(declared.start() && !exists);
     absl::StatusOr<handoff::v1::Source> created = manager->CreateSource(create);
+    if (exists && declared.start() && !existing->desired_running()) {
+      logger->Info("declared source stays stopped: `start` applies only when the file "
+                   "creates a source; one that exists keeps its StartSource/StopSource state",
+                   {{"source_id", id}});
+    }
     if (created.ok()) {
       logger->Info("declared source in place", {{"source_id", id}});
     } else if (created.status().code() == absl::StatusCode::kAlreadyExists) {
@@ -132,17 +142,6 @@ absl::Status ApplySourcesConfig(const handoff::v1::SourcesConfig& config,
     } else {
       return absl::Status(created.status().code(),
                           absl::StrCat(where, ": ", created.status().message()));
-    }
-    if (declared.start()) {
-      absl::StatusOr<handoff::v1::Source> started = manager->StartSource(id);
-      if (!started.ok()) {
-        // The source exists as declared; a refusal to start (e.g. a halted source whose
-        // identity changed) is the operator's to resolve through the admin API.
-        logger->Error("declared source did not start",
-                      {{"source_id", id},
-                       {"code", absl::StatusCodeToString(started.status().code())},
-                       {"error", started.status().message()}});
-      }
     }
   }
   return absl::OkStatus();

@@ -5,7 +5,13 @@
 //  * unknown id: CreateSource(spec, start). The core validates the spec, so a bad field
 //    fails start-up with the core's message prefixed by "sources_config: sources[i]".
 //  * known id, same spec (the core's idempotent CreateSource accepts it): nothing
-//    changes; StartSource if `start`.
+//    changes.
+//  * `start` applies only when the file creates the source. A source that exists keeps
+//    its stored desired_running whatever `start` says: StartSource and StopSource (the
+//    operator's decisions) win over the file at every start, so a source stopped on
+//    purpose stays stopped across restarts, and setting `start: true` later on a source
+//    that exists does not start it (StartSource does). Recover has already started the
+//    sources that were running.
 //  * known id, different spec: the changed fields are classified. A change of the
 //    identity (provider_url, chain, source, filter), the start position or the sink
 //    (kind, target, gate, ...) is refused: FAILED_PRECONDITION naming the fields, and

@@ -86,6 +86,98 @@ TEST_F(SourcesConfigTest, CreatesAndStartsDeclaredSources) {
   EXPECT_TRUE(ApplySourcesConfig(*config, &manager_, &logger_).ok());
 }
 
+// The FakeSourceManager, but CreateSource of an existing id with an identical spec and
+// start=true starts it, as the real SourceManager does (an idempotent create that asks
+// for a start).
+class StartingOnCreateManager final : public consumer::SourceManager {
+ public:
+  explicit StartingOnCreateManager(testing::FakeSourceManager* fake) : f_(fake) {}
+  absl::Status Recover() override { return f_->Recover(); }
+  void Shutdown() override { f_->Shutdown(); }
+  absl::StatusOr<handoff::v1::Source> CreateSource(
+      const handoff::v1::CreateSourceRequest& request) override {
+    const bool existed = f_->GetSource(request.spec().id()).ok();
+    absl::StatusOr<handoff::v1::Source> created = f_->CreateSource(request);
+    if (!created.ok() || !existed || !request.start()) return created;
+    return f_->StartSource(request.spec().id());
+  }
+  absl::StatusOr<handoff::v1::Source> UpdateSource(const handoff::v1::SourceSpec& s) override {
+    return f_->UpdateSource(s);
+  }
+  absl::StatusOr<handoff::v1::Source> StartSource(absl::string_view id) override {
+    return f_->StartSource(id);
+  }
+  absl::StatusOr<handoff::v1::Source> StopSource(absl::string_view id) override {
+    return f_->StopSource(id);
+  }
+  absl::Status DeleteSource(absl::string_view id) override { return f_->DeleteSource(id); }
+  absl::StatusOr<handoff::v1::Source> GetSource(absl::string_view id) override {
+    return f_->GetSource(id);
+  }
+  absl::StatusOr<handoff::v1::ListSourcesResponse> ListSources(
+      const handoff::v1::ListSourcesRequest& r) override {
+    return f_->ListSources(r);
+  }
+  absl::StatusOr<handoff::v1::Progress> GetProgress(absl::string_view id) override {
+    return f_->GetProgress(id);
+  }
+  absl::StatusOr<handoff::v1::Progress> WaitProgress(absl::string_view id, uint64_t* generation,
+                                                     absl::Time deadline) override {
+    return f_->WaitProgress(id, generation, deadline);
+  }
+  absl::StatusOr<handoff::v1::ListHoldsResponse> ListHolds(
+      const handoff::v1::ListHoldsRequest& r) override {
+    return f_->ListHolds(r);
+  }
+  absl::StatusOr<handoff::v1::Hold> GetHold(const handoff::v1::GetHoldRequest& r) override {
+    return f_->GetHold(r);
+  }
+  absl::StatusOr<handoff::v1::ResolveHoldResponse> ResolveHold(
+      const handoff::v1::ResolveHoldRequest& r, absl::string_view actor) override {
+    return f_->ResolveHold(r, actor);
+  }
+  absl::StatusOr<handoff::v1::ListQuarantineResponse> ListQuarantine(
+      const handoff::v1::ListQuarantineRequest& r) override {
+    return f_->ListQuarantine(r);
+  }
+  absl::StatusOr<handoff::v1::Source> RebuildSource(
+      const handoff::v1::RebuildSourceRequest& r) override {
+    return f_->RebuildSource(r);
+  }
+  absl::StatusOr<handoff::v1::QueryEventsResponse> QueryEvents(
+      const handoff::v1::QueryEventsRequest& r) override {
+    return f_->QueryEvents(r);
+  }
+  std::vector<handoff::v1::Progress> AllProgress() override { return f_->AllProgress(); }
+
+ private:
+  testing::FakeSourceManager* const f_;
+};
+
+// `start: true` starts a declared source when the file creates it; for a source that
+// exists, the operator's StartSource/StopSource decides (the stored desired_running):
+// a source stopped on purpose stays stopped through every restart that applies the same
+// file, and one started stays started when the file says nothing of starting it.
+TEST_F(SourcesConfigTest, AnExistingSourceKeepsTheOperatorsStartOrStop) {
+  StartingOnCreateManager manager(&manager_);
+  auto config = ParseSourcesConfig(kConfig);
+  ASSERT_TRUE(config.ok());
+  ASSERT_TRUE(ApplySourcesConfig(*config, &manager, &logger_).ok());
+  ASSERT_TRUE(manager.GetSource("mainnet-usdc")->desired_running());
+  ASSERT_TRUE(manager.StopSource("mainnet-usdc").ok());
+  ASSERT_TRUE(manager.StartSource("second").ok());
+  // The next start applies the same file.
+  ASSERT_TRUE(ApplySourcesConfig(*config, &manager, &logger_).ok());
+  EXPECT_FALSE(manager.GetSource("mainnet-usdc")->desired_running())
+      << "a declared start: true undid the operator's StopSource";
+  EXPECT_TRUE(manager.GetSource("second")->desired_running());
+  // Also when the file changes the source safely at that start.
+  config->mutable_sources(0)->mutable_spec()->set_page_limit(100);
+  ASSERT_TRUE(ApplySourcesConfig(*config, &manager, &logger_).ok());
+  EXPECT_FALSE(manager.GetSource("mainnet-usdc")->desired_running());
+  EXPECT_EQ(manager.GetSource("mainnet-usdc")->spec().page_limit(), 100u);
+}
+
 TEST_F(SourcesConfigTest, InvalidSpecNamesTheEntryAndTheField) {
   auto config = ParseSourcesConfig(R"pb(sources { spec { id: "Bad!" } })pb");
   ASSERT_TRUE(config.ok());

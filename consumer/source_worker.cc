@@ -389,10 +389,12 @@ bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
         unsynced_.push_back(*std::move(r.unsynced));
         return true;
       }
+      // Nothing of this attempt waits for a sync: the previous pages are published before
+      // the worker waits, halts or leaves (a crash, here or at a fault point while an
+      // earlier page settled, abandons them as they are), and then this attempt, whose
+      // progress (its first blocking event) must not be overwritten by theirs.
+      if (r.kind != Kind::kCrashed && !crashed_.load() && !SettleOrHalt()) return false;
       PublishAttempt(attempt);
-      // Nothing of this attempt waits for a sync: the previous page is published before
-      // the worker waits, halts or leaves (a crash abandons it as it is).
-      if (r.kind != Kind::kCrashed && !SettleOrHalt()) return false;
     }
     switch (r.kind) {
       case Kind::kPromoted:

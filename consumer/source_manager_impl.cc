@@ -239,7 +239,7 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::CreateSource(
         existing->set_desired_running(true);
         RETURN_IF_ERROR(store_->PutSource(*existing));
         bool config_invalid = false;
-        absl::Status s = StartLocked(*existing, &config_invalid);
+        absl::Status s = StartRecordedLocked(*existing, &config_invalid);
         if (!s.ok() && !config_invalid) return s;
       }
     } else if (!absl::IsNotFound(existing.status())) {
@@ -264,7 +264,7 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::CreateSource(
         // Created either way: a start its own configuration refuses leaves the source
         // halted as CONFIG_INVALID, which GetSource shows with the reason.
         bool config_invalid = false;
-        absl::Status s = StartLocked(source, &config_invalid);
+        absl::Status s = StartRecordedLocked(source, &config_invalid);
         if (!s.ok() && !config_invalid) return s;
       }
     }
@@ -287,12 +287,23 @@ absl::Status SourceManagerImpl::HaltUnstartable(absl::string_view id, absl::Stat
   return why;
 }
 
+absl::Status SourceManagerImpl::StartRecordedLocked(const handoff::v1::Source& source,
+                                                    bool* config_invalid) {
+  bool shutting_down = false;
+  absl::Status s = StartLocked(source, config_invalid, &shutting_down);
+  if (shutting_down) return absl::OkStatus();  // Recover starts it at the next start
+  return s;
+}
+
 absl::Status SourceManagerImpl::StartLocked(const handoff::v1::Source& source,
-                                            bool* config_invalid) {
+                                            bool* config_invalid, bool* shutting_down) {
   const std::string& id = source.spec().id();
   {
     absl::MutexLock lock(&mu_);
-    if (shut_down_) return absl::UnavailableError("the server is shutting down");
+    if (shut_down_) {
+      if (shutting_down != nullptr) *shutting_down = true;
+      return absl::UnavailableError("the server is shutting down");
+    }
     auto it = workers_.find(id);
     // A halted worker, or one whose stop timed out, may still be finishing (its other
     // thread, its persisted halt, its durable step): it is reaped below and replaced,
@@ -357,7 +368,10 @@ absl::Status SourceManagerImpl::StartLocked(const handoff::v1::Source& source,
   {
     absl::MutexLock lock(&mu_);
     // Shutdown may have begun while this worker was made: it would never be stopped.
-    if (shut_down_) return absl::UnavailableError("the server is shutting down");
+    if (shut_down_) {
+      if (shutting_down != nullptr) *shutting_down = true;
+      return absl::UnavailableError("the server is shutting down");
+    }
     workers_[id] = std::move(worker);
   }
   raw->Start();
@@ -428,7 +442,7 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::UpdateSource(
       // answer shows with the reason. An error would fail the server's start (Recover
       // started the source; sources_config updates it) over one source.
       bool config_invalid = false;
-      absl::Status s = StartLocked(source, &config_invalid);
+      absl::Status s = StartRecordedLocked(source, &config_invalid);
       if (!s.ok() && !config_invalid) return s;
     }
   }
@@ -449,7 +463,7 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::StartSource(absl::string_
         source.set_desired_running(true);
         RETURN_IF_ERROR(store_->PutSource(source));
       }
-      RETURN_IF_ERROR(StartLocked(source));
+      RETURN_IF_ERROR(StartRecordedLocked(source));
     }
   }
   return GetSource(id);
@@ -801,7 +815,7 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::RebuildSource(
     }
     absl::StatusOr<handoff::v1::Progress> p = ProgressFromStore(source);
     if (p.ok()) board_.Update(source.spec().id(), [&](handoff::v1::Progress* out) { *out = *p; });
-    if (request.start()) RETURN_IF_ERROR(StartLocked(source));
+    if (request.start()) RETURN_IF_ERROR(StartRecordedLocked(source));
   }
   return GetSource(request.source_id());
 }

@@ -73,7 +73,17 @@ class SourceManagerImpl final : public SourceManager {
   // the source as CONFIG_INVALID, on the board and in the store, and sets
   // *config_invalid when given: the source exists, and its state says why it does not
   // run (source.proto). The status is returned either way.
-  absl::Status StartLocked(const handoff::v1::Source& source, bool* config_invalid = nullptr)
+  // *shutting_down (when given) is set when the start is refused only because Shutdown
+  // has begun (UNAVAILABLE).
+  absl::Status StartLocked(const handoff::v1::Source& source, bool* config_invalid = nullptr,
+                           bool* shutting_down = nullptr) ABSL_SHARED_LOCKS_REQUIRED(ops_mu_);
+  // StartLocked for an admin operation that has already recorded desired_running (and its
+  // other writes): a start refused only because Shutdown has begun is no error, since the
+  // next start's Recover starts the source as recorded. The answer is then the source
+  // STOPPED with desired_running set, not UNAVAILABLE (which asks for a retry of a call
+  // that was applied).
+  absl::Status StartRecordedLocked(const handoff::v1::Source& source,
+                                   bool* config_invalid = nullptr)
       ABSL_SHARED_LOCKS_REQUIRED(ops_mu_);
   // Clears the halt (state, reason, error, funding action) the store keeps for `id`, if
   // any: a worker about to start has none. Writes nothing when there is none.

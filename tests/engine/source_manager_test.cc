@@ -86,7 +86,10 @@ class ManagerTest : public ::testing::Test {
     mo.max_sources = 100;
     mo.observer = observer_;
     mo.stop_timeout = stop_timeout_;
-    mo.crash_after_rebuild_reset = [this] { return crash_after_rebuild_reset_.load(); };
+    mo.crash_after_rebuild_reset = [this] {
+      if (on_rebuild_reset_) on_rebuild_reset_();
+      return crash_after_rebuild_reset_.load();
+    };
     // Workers and the idle poller at the test's own priority: niced threads can starve
     // for minutes on a machine loaded by the other tests of the suite (a poll that never
     // comes, and an Unpark waiting for it).
@@ -239,6 +242,9 @@ class ManagerTest : public ::testing::Test {
   absl::flat_hash_set<std::string> unstartable_;
   // RebuildSource "crashes" once its checkpoints are reset, before its last record.
   std::atomic<bool> crash_after_rebuild_reset_{false};
+  // Called by RebuildSource once the checkpoints are reset (before crash_after_rebuild_reset_
+  // is read).
+  std::function<void()> on_rebuild_reset_;
   FakeSink sink_{8};
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<consumer::SourceManager> manager_;
@@ -1044,10 +1050,12 @@ TEST_F(ManagerTest, AWorkerKilledRightAfterAFetchResumesAtTheRequestCursor) {
   EXPECT_EQ(pr.checkpoint().applied_block(), 103u);
 }
 
-// Shutdown begins while a StartSource is making its worker: the start is refused
-// (UNAVAILABLE) rather than leaving a worker that nothing stops (Shutdown would join it
-// forever).
-TEST_F(ManagerTest, AStartRacingShutdownIsRefusedAndShutdownEnds) {
+// Shutdown begins while a StartSource that has recorded desired_running is making its
+// worker: the start is refused rather than leaving a worker that nothing stops (Shutdown
+// would join it forever), Shutdown ends, and the answer says what was done: OK, the
+// source STOPPED with desired_running recorded, so that the next start (Recover) starts
+// it. UNAVAILABLE asked for a retry of a call already applied.
+TEST_F(ManagerTest, AStartRacingShutdownIsRecordedForTheNextStartAndShutdownEnds) {
   ASSERT_TRUE(Create(Spec("late"), false).ok());
   std::thread shutdown;
   absl::Notification shut;
@@ -1065,9 +1073,60 @@ TEST_F(ManagerTest, AStartRacingShutdownIsRefusedAndShutdownEnds) {
   };
   absl::StatusOr<handoff::v1::Source> started = manager_->StartSource("late");
   on_provider_ = nullptr;
-  EXPECT_EQ(started.status().code(), absl::StatusCode::kUnavailable) << started.status();
   EXPECT_TRUE(shut.WaitForNotificationWithTimeout(absl::Seconds(30))) << "Shutdown hangs";
   shutdown.join();
+  ASSERT_TRUE(started.ok()) << started.status();
+  EXPECT_TRUE(started->desired_running());
+  EXPECT_EQ(started->progress().state(), handoff::v1::SOURCE_STATE_STOPPED);
+  std::atomic<int> starts{0};
+  on_provider_ = [&](const std::string& id) {
+    if (id == "late") ++starts;
+  };
+  Restart();
+  EXPECT_EQ(starts.load(), 1) << "the next start did not start the source";
+  on_provider_ = nullptr;
+}
+
+// The same for a RebuildSource with start whose reset and record are written when the
+// server begins shutting down: OK with the rebuilt source (desired_running recorded,
+// STOPPED), which the next start runs from the rebuilt checkpoint. UNAVAILABLE told the
+// caller to retry a rebuild that was done; the retry then found the source running
+// after the restart (FAILED_PRECONDITION).
+TEST_F(ManagerTest, ARebuildRacingShutdownAnswersTheRebuildAndStartsAtTheNextStart) {
+  providers_["rs"].SetPage("100", MakePage(100, 100, {MakeRow(100)}, "c1"));
+  ASSERT_TRUE(Create(Spec("rs"), false).ok());
+  std::thread shutdown;
+  absl::Notification shut;
+  on_rebuild_reset_ = [&] {
+    shutdown = std::thread([&] {
+      manager_->Shutdown();
+      shut.Notify();
+    });
+    while (manager_->CreateSource(handoff::v1::CreateSourceRequest()).status().code() !=
+           absl::StatusCode::kUnavailable) {
+      std::this_thread::yield();
+    }
+  };
+  handoff::v1::RebuildSourceRequest rebuild;
+  rebuild.set_source_id("rs");
+  rebuild.set_from_block(100);
+  rebuild.set_start(true);
+  absl::StatusOr<handoff::v1::Source> rebuilt = manager_->RebuildSource(rebuild);
+  on_rebuild_reset_ = nullptr;
+  EXPECT_TRUE(shut.WaitForNotificationWithTimeout(absl::Seconds(30))) << "Shutdown hangs";
+  shutdown.join();
+  ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+  EXPECT_TRUE(rebuilt->desired_running());
+  EXPECT_EQ(rebuilt->progress().state(), handoff::v1::SOURCE_STATE_STOPPED);
+  EXPECT_EQ(rebuilt->progress().checkpoint().resume_cursor(), "100");
+  std::atomic<int> starts{0};
+  on_provider_ = [&](const std::string& id) {
+    if (id == "rs") ++starts;
+  };
+  Restart();
+  EXPECT_EQ(starts.load(), 1) << "the next start did not start the rebuilt source";
+  WaitForCursor("rs", "c1");
+  on_provider_ = nullptr;
 }
 
 TEST_F(ManagerTest, ACaughtUpSourceReportsOneStateChangeNotTwoPerEmptyPoll) {

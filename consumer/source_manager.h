@@ -67,6 +67,10 @@ struct SourceManagerOptions {
   // record is written for the last time; true abandons the rebuild there with nothing
   // more written, as a process killed at that point would (the test reopens the store).
   std::function<bool()> crash_after_rebuild_reset;
+  // Tests: asked by CreateSource of a new source between its two writes (the source's
+  // record and its checkpoints); true abandons the creation there, as a process killed
+  // at that point would (the test reopens the store).
+  std::function<bool()> crash_mid_create;
 };
 
 class SourceManager {

@@ -133,6 +133,8 @@ absl::Status SourceManagerImpl::Recover() {
     if (page.empty()) break;
     for (const handoff::v1::Source& source : page) {
       after = source.spec().id();
+      ASSIGN_OR_RETURN(bool removed, RemoveIfCreationCutShort(after));
+      if (removed) continue;
       // Publish the stored state so GetProgress works before the worker reports.
       absl::StatusOr<handoff::v1::Progress> p = ProgressFromStore(source);
       if (p.ok()) board_.Update(source.spec().id(), [&](handoff::v1::Progress* out) { *out = *p; });
@@ -142,6 +144,27 @@ absl::Status SourceManagerImpl::Recover() {
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> SourceManagerImpl::RemoveIfCreationCutShort(const std::string& id) {
+  absl::StatusOr<store::CheckpointRecord> cp = store_->LoadCheckpoint(id, store::Stage::kIngest);
+  if (!absl::IsNotFound(cp.status())) return false;
+  // Never a source that ingested anything (whatever else lost its checkpoint): only the
+  // record CreateSource writes before the checkpoints, with nothing after it.
+  bool has_rows = false;
+  RETURN_IF_ERROR(store_->ScanRows(id, Position{0, 0}, Position{kMaxIndex, kMaxIndex},
+                                   [&](Position, absl::string_view) {
+                                     has_rows = true;
+                                     return false;
+                                   }));
+  if (has_rows) return false;
+  RETURN_IF_ERROR(store_->DeleteSource(id));
+  if (options_.observer != nullptr) {
+    options_.observer->OnError(
+        id, absl::AbortedError("a CreateSource cut short (no checkpoint written) was removed; "
+                               "create the source again"));
+  }
+  return true;
 }
 
 void SourceManagerImpl::Shutdown() {
@@ -251,13 +274,34 @@ absl::StatusOr<handoff::v1::Source> SourceManagerImpl::CreateSource(
         return absl::ResourceExhaustedError(
             absl::StrCat("at most ", options_.max_sources, " sources (--max_sources)"));
       }
-      RETURN_IF_ERROR(InitCheckpoints(spec, spec.start().block(), spec.start().has_latest()));
       handoff::v1::Source source;
       *source.mutable_spec() = spec;
       source.set_desired_running(request.start());
       source.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
       source.mutable_progress()->set_state(handoff::v1::SOURCE_STATE_STOPPED);
-      RETURN_IF_ERROR(store_->PutSource(source));
+      // The record first, then the checkpoints: a crash between the two leaves a record
+      // with no checkpoint, which Recover removes (RemoveIfCreationCutShort). The other
+      // order left checkpoints with no record, which nothing lists, counts or removes.
+      // Meanwhile readers (GetSource, ListSources) take the progress published here: they
+      // read the board before the checkpoint.
+      board_.Update(spec.id(), [&](handoff::v1::Progress* out) {
+        out->Clear();
+        out->set_source_id(spec.id());
+        out->set_state(handoff::v1::SOURCE_STATE_STOPPED);
+      });
+      absl::Status written = store_->PutSource(source);
+      if (written.ok()) {
+        if (options_.crash_mid_create && options_.crash_mid_create()) {
+          return absl::AbortedError("test: crashed between CreateSource's writes");
+        }
+        written = InitCheckpoints(spec, spec.start().block(), spec.start().has_latest());
+        // Undone at once when the store still takes writes; else by the next Recover.
+        if (!written.ok()) store_->DeleteSource(spec.id()).IgnoreError();
+      }
+      if (!written.ok()) {
+        board_.Remove(spec.id());
+        return written;
+      }
       absl::StatusOr<handoff::v1::Progress> p = ProgressFromStore(source);
       if (p.ok()) board_.Update(spec.id(), [&](handoff::v1::Progress* out) { *out = *p; });
       if (request.start()) {

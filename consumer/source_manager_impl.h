@@ -96,6 +96,10 @@ class SourceManagerImpl final : public SourceManager {
   bool IsRunning(absl::string_view id) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<handoff::v1::Progress> ProgressFromStore(const handoff::v1::Source& source);
   absl::StatusOr<handoff::v1::Source> WithProgress(handoff::v1::Source source);
+  // Recover: removes the record of `id` if CreateSource was cut short after writing it
+  // and before its checkpoints (no ingest checkpoint, no rows); true if it did.
+  absl::StatusOr<bool> RemoveIfCreationCutShort(const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
   absl::Status InitCheckpoints(const handoff::v1::SourceSpec& spec, uint64_t start_block,
                                bool latest);
   void PersistHalt(const handoff::v1::Progress& progress);

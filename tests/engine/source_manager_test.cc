@@ -86,6 +86,7 @@ class ManagerTest : public ::testing::Test {
     mo.max_sources = 100;
     mo.observer = observer_;
     mo.stop_timeout = stop_timeout_;
+    mo.crash_mid_create = [this] { return crash_mid_create_.load(); };
     mo.crash_after_rebuild_reset = [this] {
       if (on_rebuild_reset_) on_rebuild_reset_();
       return crash_after_rebuild_reset_.load();
@@ -242,6 +243,8 @@ class ManagerTest : public ::testing::Test {
   absl::flat_hash_set<std::string> unstartable_;
   // RebuildSource "crashes" once its checkpoints are reset, before its last record.
   std::atomic<bool> crash_after_rebuild_reset_{false};
+  // CreateSource "crashes" between its two writes (the record and the checkpoints).
+  std::atomic<bool> crash_mid_create_{false};
   // Called by RebuildSource once the checkpoints are reset (before crash_after_rebuild_reset_
   // is read).
   std::function<void()> on_rebuild_reset_;
@@ -1491,6 +1494,38 @@ TEST_F(ManagerTest, ACrashDuringARebuildDoesNotStartASourceAskedToStayStopped) {
   ASSERT_TRUE(manager_->RebuildSource(rebuild).ok());
   EXPECT_EQ(starts.load(), 0);
   on_provider_ = nullptr;
+}
+
+// A CreateSource cut short between its two writes leaves nothing behind once the store
+// is reopened: no checkpoint without a record (invisible, outside --max_sources, cleaned
+// only by a create of the same id), no record without a checkpoint (which GetSource and
+// ListSources could not answer). The id can be created again, and counts once.
+TEST_F(ManagerTest, ACreateCutShortLeavesNothingBehind) {
+  crash_mid_create_ = true;
+  EXPECT_FALSE(Create(Spec("half"), true).ok());
+  crash_mid_create_ = false;
+  std::atomic<int> starts{0};
+  on_provider_ = [&](const std::string& id) {
+    if (id == "half") ++starts;
+  };
+  Restart();
+  EXPECT_EQ(starts.load(), 0);
+  on_provider_ = nullptr;
+  EXPECT_TRUE(absl::IsNotFound(store_->LoadCheckpoint("half", store::Stage::kIngest).status()))
+      << "orphan checkpoint";
+  EXPECT_TRUE(absl::IsNotFound(store_->GetSource("half").status())) << "orphan record";
+  EXPECT_TRUE(absl::IsNotFound(manager_->GetSource("half").status()));
+  absl::StatusOr<handoff::v1::ListSourcesResponse> listed =
+      manager_->ListSources(handoff::v1::ListSourcesRequest());
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->sources_size(), 0);
+  // Created again: it exists once and runs.
+  providers_["half"].SetPage("100", MakePage(100, 100, {MakeRow(100)}, "c1"));
+  ASSERT_TRUE(Create(Spec("half"), true).ok());
+  WaitForCursor("half", "c1");
+  listed = manager_->ListSources(handoff::v1::ListSourcesRequest());
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->sources_size(), 1);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -83,6 +84,17 @@ class SourceManager {
 
   // Stops every worker at a safe point (process shutdown). Idempotent.
   virtual void Shutdown() = 0;
+  // Shutdown within a deadline (--shutdown_grace): every worker is asked to stop at once
+  // and waited for until `deadline`; one that has not stopped by then (a provider or
+  // sink call that ignores its cancellation, a write stuck in the disk) is abandoned:
+  // left running, and its source id returned. An abandoned worker's threads may still use
+  // the store, the observer and this manager: none of them may be destroyed until it
+  // ends. The manager's destructor waits for it; handoffd instead exits the process
+  // without destroying any of them (server.h). Idempotent (a second call returns none).
+  virtual std::vector<std::string> ShutdownBy(absl::Time deadline) {
+    Shutdown();
+    return {};
+  }
 
   // `actor` is the caller's name for audit trails (a token's name, never the token).
   virtual absl::StatusOr<handoff::v1::Source> CreateSource(

@@ -1,5 +1,6 @@
 #include "consumer/source_manager_impl.h"
 
+#include <algorithm>
 #include <limits>
 #include <utility>
 
@@ -99,7 +100,17 @@ SourceManagerImpl::SourceManagerImpl(SourceManagerOptions options)
       store_(options_.store),
       deleter_(/*max_pending=*/kDeleterPages, options_.worker.thread_nice) {}
 
-SourceManagerImpl::~SourceManagerImpl() { Shutdown(); }
+SourceManagerImpl::~SourceManagerImpl() {
+  Shutdown();
+  // Workers abandoned by ShutdownBy still use the board, the deleter, the pollers and the
+  // store: they end (their blocked call returns) before any of it goes.
+  std::vector<std::unique_ptr<SourceWorker>> abandoned;
+  {
+    absl::MutexLock ops(&ops_mu_);
+    abandoned.swap(abandoned_);
+  }
+  abandoned.clear();  // ~SourceWorker joins without a deadline
+}
 
 std::shared_ptr<IdlePoller> SourceManagerImpl::IdlePollerFor(const std::string& provider_url) {
   absl::MutexLock lock(&pollers_mu_);
@@ -167,7 +178,9 @@ absl::StatusOr<bool> SourceManagerImpl::RemoveIfCreationCutShort(const std::stri
   return true;
 }
 
-void SourceManagerImpl::Shutdown() {
+void SourceManagerImpl::Shutdown() { ShutdownBy(absl::InfiniteFuture()); }
+
+std::vector<std::string> SourceManagerImpl::ShutdownBy(absl::Time deadline) {
   {
     // Refuse new operations and stop everything first, so the workers reach their safe
     // points in parallel.
@@ -178,17 +191,23 @@ void SourceManagerImpl::Shutdown() {
   // Operations in flight (a StopSource joining its worker) finish before the workers
   // are taken: none of them is joined or freed under another.
   absl::MutexLock ops(&ops_mu_);
-  std::vector<std::unique_ptr<SourceWorker>> workers;
+  std::vector<std::pair<std::string, std::unique_ptr<SourceWorker>>> workers;
   {
     absl::MutexLock lock(&mu_);
-    for (auto& [id, worker] : workers_) workers.push_back(std::move(worker));
+    for (auto& [id, worker] : workers_) workers.emplace_back(id, std::move(worker));
     workers_.clear();
   }
-  for (auto& w : workers) w->RequestStop();  // idempotent; any started meanwhile too
-  for (auto& w : workers) w->Join();
+  for (auto& [id, w] : workers) w->RequestStop();  // idempotent; any started meanwhile too
+  // Every worker was asked to stop above: each has had the whole time since, in parallel.
+  std::vector<std::string> abandoned;
+  for (auto& [id, w] : workers) {
+    if (w->Join(std::max(deadline - absl::Now(), absl::ZeroDuration()))) continue;
+    abandoned.push_back(id);
+    abandoned_.push_back(std::move(w));  // never freed while it runs (see the destructor)
+  }
   board_.Close();
+  return abandoned;
 }
-
 void SourceManagerImpl::HaltOnStoreFailure(const absl::Status& failure) {
   // Under the lock, as Shutdown stops them: no worker is reaped meanwhile, and a halt
   // takes no lock of the manager's (PersistHalt's write is refused by the failed store).

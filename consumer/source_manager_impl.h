@@ -35,6 +35,7 @@ class SourceManagerImpl final : public SourceManager {
 
   absl::Status Recover() override;
   void Shutdown() override;
+  std::vector<std::string> ShutdownBy(absl::Time deadline) override;
 
   absl::StatusOr<handoff::v1::Source> CreateSource(
       const handoff::v1::CreateSourceRequest& request) override;
@@ -133,6 +134,9 @@ class SourceManagerImpl final : public SourceManager {
   KeyedMutex source_ops_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<SourceWorker>> workers_ ABSL_GUARDED_BY(mu_);
+  // Workers ShutdownBy gave up on (still running): freed by the destructor once they end,
+  // before the board, the deleter and the pollers they use (declared above).
+  std::vector<std::unique_ptr<SourceWorker>> abandoned_ ABSL_GUARDED_BY(ops_mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 

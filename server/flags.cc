@@ -93,7 +93,11 @@ ABSL_FLAG(absl::Duration, idle_poll_coalesce,
           "serves many sources' polls. Adds less than one step to a wait; 0 turns it off.");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(30),
           "Upper bound of a graceful shutdown (keep the Kubernetes "
-          "terminationGracePeriodSeconds a little above it).");
+          "terminationGracePeriodSeconds a little above it): a quarter for in-flight admin "
+          "calls, then workers stop at safe points until 7/8 of it. A worker still running "
+          "then (a provider or sink call ignoring its cancellation) is abandoned and logged, "
+          "and handoffd exits with status 1 without closing the database under it "
+          "(recovered at the next start, as after a crash).");
 
 namespace handoff::server {
 

@@ -1,5 +1,6 @@
 // handoffd: flags -> ServerOptions -> Server::BuildAndStart -> WaitForTermination.
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -44,5 +45,11 @@ int main(int argc, char** argv) {
       handoff::server::Server::BuildAndStart(*std::move(options));
   if (!server.ok()) return 1;  // already logged
   (*server)->WaitForTermination();
+  if (!(*server)->abandoned_sources().empty()) {
+    // Workers that did not stop within --shutdown_grace still run and use the store:
+    // end the process without destroying it under them (server.h). Logged already.
+    std::fflush(nullptr);
+    std::_Exit(1);
+  }
   return 0;
 }

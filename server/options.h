@@ -69,8 +69,9 @@ struct ServerOptions {
   absl::Duration health_interval = absl::Seconds(1);
 
   // ---- Life cycle ----
-  // Upper bound of a graceful shutdown: a quarter for in-flight RPCs, the rest for
-  // workers to reach safe points (see server.h).
+  // Upper bound of a graceful shutdown: a quarter for in-flight RPCs, then workers reach
+  // safe points until 7/8 of it, the rest for the store's flush and close; a worker not
+  // stopped by then is abandoned (see server.h).
   absl::Duration shutdown_grace = absl::Seconds(30);
   // WaitForTermination also returns on SIGTERM/SIGINT (handoffd sets it; tests call
   // RequestShutdown instead).

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "base/thread_name.h"
@@ -323,19 +324,41 @@ void Server::Shutdown() {
   step("grpc stopped");
   metrics_.reset();  // 4
   step("metrics stopped");
-  if (manager_ != nullptr) manager_->Shutdown();  // 5
-  manager_.reset();                               // 6
+  std::vector<std::string> abandoned;
+  if (manager_ != nullptr) {  // 5
+    abandoned = manager_->ShutdownBy(start + options_.shutdown_grace * 7 / 8);
+    if (abandoned.empty()) manager_.reset();  // 6
+  }
   step("workers stopped");
+  if (!abandoned.empty()) {
+    // Their threads may still use the store, the observers and the manager: none is
+    // destroyed. The process exits without closing the store (main.cc), as after a crash,
+    // which the next start recovers from.
+    logger_->Error(
+        "workers did not stop within --shutdown_grace: abandoned; the store stays open under "
+        "them and handoffd exits without closing it",
+        {{"sources", absl::StrJoin(abandoned, ",")},
+         {"shutdown_grace_ms", absl::StrCat(absl::ToInt64Milliseconds(options_.shutdown_grace))}});
+    absl::MutexLock lock(&shutdown_mu_);
+    abandoned_sources_ = abandoned;
+  }
   if (store_ != nullptr) {
+    // Also under abandoned workers: what the memtables hold reaches the disk now (RocksDB
+    // takes a flush beside running writers), so the next start has less to replay.
     const absl::Status flushed = store_->Flush();
     if (!flushed.ok()) {
       logger_->Error("store flush at shutdown failed", {{"error", flushed.message()}});
     }
-    store_.reset();
+    if (abandoned.empty()) store_.reset();
   }
-  step("store closed");
+  step(abandoned.empty() ? "store closed" : "store flushed, left open");
   logger_->Info("stopped",
                 {{"shutdown_ms", absl::StrCat(absl::ToInt64Milliseconds(absl::Now() - start))}});
+}
+
+std::vector<std::string> Server::abandoned_sources() const {
+  absl::MutexLock lock(&shutdown_mu_);
+  return abandoned_sources_;
 }
 
 Server::~Server() {

@@ -18,17 +18,25 @@
 //   3. gRPC Shutdown with a deadline of shutdown_grace/4: stop accepting; in-flight
 //      calls finish or are cancelled at the deadline;
 //   4. the metrics endpoint stops (its scrapes read the SourceManager);
-//   5. SourceManager::Shutdown: every worker stops at a safe point (each within
-//      shutdown_grace/2), never promoting a barrier without durability;
+//   5. SourceManager::ShutdownBy: every worker stops at a safe point, never promoting a
+//      barrier without durability, until 7/8 of shutdown_grace since shutdown began;
 //   6. the SourceManager is destroyed, the store flushed and closed.
 // So the whole shutdown fits in shutdown_grace (the Kubernetes grace period is set a
-// little above it).
+// little above it). A worker that has not stopped by step 5's deadline (a provider or
+// sink call that ignores its cancellation) is abandoned: its source is logged (and
+// listed by abandoned_sources()), and since its threads may still use the manager, the
+// observers and the store, none of them is destroyed: the store is flushed but stays
+// open. handoffd's main then ends the process with _exit (no destructor runs, as after a
+// crash: the next start recovers from the WAL); destroying the Server instead waits for
+// the abandoned workers to end before it destroys the store.
 //
 // Thread-safe: RequestShutdown from any thread; WaitForTermination from one thread.
 #ifndef HANDOFF_SERVER_SERVER_H_
 #define HANDOFF_SERVER_SERVER_H_
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -69,6 +77,9 @@ class Server {
   // The ordered shutdown itself. Idempotent.
   void Shutdown();
 
+  // The sources whose workers did not stop within shutdown_grace (see Shutdown above).
+  std::vector<std::string> abandoned_sources() const ABSL_LOCKS_EXCLUDED(shutdown_mu_);
+
   int port() const { return port_; }
   int metrics_port() const { return metrics_ == nullptr ? 0 : metrics_->port(); }
 
@@ -102,8 +113,9 @@ class Server {
   int port_ = 0;
   int health_port_ = 0;
   absl::Notification shutdown_requested_;
-  absl::Mutex shutdown_mu_;
+  mutable absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+  std::vector<std::string> abandoned_sources_ ABSL_GUARDED_BY(shutdown_mu_);
 };
 
 }  // namespace handoff::server

@@ -13,12 +13,17 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "base/thread_name.h"
 #include "base/thread_priority.h"
 #include "grpc/health/v1/health.pb.h"
 #include "gtest/gtest.h"
 #include "handoff/v1/consumer_admin.grpc.pb.h"
 #include "server/admin_call_scheduling.h"
+#include "store/store.h"
 #include "tests/testing/fake_source_manager.h"
 
 namespace handoff::server {
@@ -141,6 +146,139 @@ TEST(ServerTest, GrpcPollerThreadsWaitRealtime) {
   for (pid_t tid : callback_threads) EXPECT_TRUE(ThreadIsRealtimeScheduled(tid)) << tid;
   for (pid_t tid : sync_threads) EXPECT_TRUE(ThreadIsRealtimeScheduled(tid)) << tid;
   EXPECT_FALSE(CurrentThreadIsRealtimeScheduled());  // the thread that started it is not
+}
+
+// The FakeSourceManager with one worker ("stuck") that never reaches a safe point until
+// the test releases it: Shutdown joins it without end, as a worker whose provider or sink
+// call ignores its cancellation; ShutdownBy gives up on it at its deadline and names it.
+class StuckWorkerManager final : public consumer::SourceManager {
+ public:
+  StuckWorkerManager(absl::Notification* release, absl::Mutex* mu, absl::Time* deadline_seen)
+      : release_(release), mu_(mu), deadline_seen_(deadline_seen) {}
+  absl::Status Recover() override { return f_.Recover(); }
+  void Shutdown() override {
+    f_.Shutdown();
+    release_->WaitForNotification();
+  }
+  std::vector<std::string> ShutdownBy(absl::Time deadline) override {
+    {
+      absl::MutexLock lock(mu_);
+      *deadline_seen_ = deadline;
+    }
+    f_.Shutdown();
+    if (release_->WaitForNotificationWithDeadline(deadline)) return {};
+    return {"stuck"};
+  }
+  absl::StatusOr<handoff::v1::Source> CreateSource(
+      const handoff::v1::CreateSourceRequest& r) override {
+    return f_.CreateSource(r);
+  }
+  absl::StatusOr<handoff::v1::Source> StartSource(absl::string_view id) override {
+    return f_.StartSource(id);
+  }
+  absl::StatusOr<handoff::v1::Source> StopSource(absl::string_view id) override {
+    return f_.StopSource(id);
+  }
+  absl::Status DeleteSource(absl::string_view id) override { return f_.DeleteSource(id); }
+  absl::StatusOr<handoff::v1::Source> GetSource(absl::string_view id) override {
+    return f_.GetSource(id);
+  }
+  absl::StatusOr<handoff::v1::ListSourcesResponse> ListSources(
+      const handoff::v1::ListSourcesRequest& r) override {
+    return f_.ListSources(r);
+  }
+  absl::StatusOr<handoff::v1::Progress> GetProgress(absl::string_view id) override {
+    return f_.GetProgress(id);
+  }
+  absl::StatusOr<handoff::v1::Progress> WaitProgress(absl::string_view id, uint64_t* generation,
+                                                     absl::Time deadline) override {
+    return f_.WaitProgress(id, generation, deadline);
+  }
+  absl::StatusOr<handoff::v1::ListHoldsResponse> ListHolds(
+      const handoff::v1::ListHoldsRequest& r) override {
+    return f_.ListHolds(r);
+  }
+  absl::StatusOr<handoff::v1::Hold> GetHold(const handoff::v1::GetHoldRequest& r) override {
+    return f_.GetHold(r);
+  }
+  absl::StatusOr<handoff::v1::ResolveHoldResponse> ResolveHold(
+      const handoff::v1::ResolveHoldRequest& r, absl::string_view actor) override {
+    return f_.ResolveHold(r, actor);
+  }
+  absl::StatusOr<handoff::v1::ListQuarantineResponse> ListQuarantine(
+      const handoff::v1::ListQuarantineRequest& r) override {
+    return f_.ListQuarantine(r);
+  }
+  absl::StatusOr<handoff::v1::Source> RebuildSource(
+      const handoff::v1::RebuildSourceRequest& r) override {
+    return f_.RebuildSource(r);
+  }
+  absl::StatusOr<handoff::v1::QueryEventsResponse> QueryEvents(
+      const handoff::v1::QueryEventsRequest& r) override {
+    return f_.QueryEvents(r);
+  }
+  std::vector<handoff::v1::Progress> AllProgress() override { return f_.AllProgress(); }
+
+ private:
+  testing::FakeSourceManager f_;
+  absl::Notification* const release_;
+  absl::Mutex* const mu_;
+  absl::Time* const deadline_seen_;
+};
+
+// --shutdown_grace is an upper bound: a worker that does not stop in time is abandoned
+// (logged by name) and shutdown ends within the grace, instead of running into the
+// kubelet's SIGKILL. The store is not closed under the abandoned worker: it stays open
+// (handoffd then exits the process without destroying it; destroying the Server waits for
+// the worker to end).
+TEST(ServerTest, ShutdownEndsWithinTheGraceAbandoningAWorkerThatDoesNotStop) {
+  ServerOptions options = TestOptions("stuck");
+  options.shutdown_grace = absl::Seconds(2);
+  absl::Mutex mu;
+  std::vector<std::string> lines;
+  absl::Time deadline_seen = absl::InfiniteFuture();
+  options.log_writer = [&](absl::string_view line) {
+    absl::MutexLock lock(&mu);
+    lines.emplace_back(line);
+  };
+  absl::Notification release;
+  options.source_manager_factory = [&](consumer::SourceManagerOptions)
+      -> absl::StatusOr<std::unique_ptr<consumer::SourceManager>> {
+    return std::make_unique<StuckWorkerManager>(&release, &mu, &deadline_seen);
+  };
+  auto server = Server::BuildAndStart(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const absl::Time start = absl::Now();
+  absl::Notification returned;
+  std::thread shutdown([&] {
+    (*server)->Shutdown();
+    returned.Notify();
+  });
+  // Generous margin: the bound under test is the grace; without it this never returns.
+  const bool in_time =
+      returned.WaitForNotificationWithTimeout(options.shutdown_grace + absl::Seconds(20));
+  release.Notify();
+  shutdown.join();
+  EXPECT_TRUE(in_time) << "shutdown ran past --shutdown_grace joining a stuck worker";
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_LE(deadline_seen, start + options.shutdown_grace);
+    bool logged = false;
+    for (const std::string& line : lines) {
+      if (line.find("abandoned") != std::string::npos &&
+          line.find("stuck") != std::string::npos) {
+        logged = true;
+      }
+    }
+    EXPECT_TRUE(logged) << absl::StrJoin(lines, "\n");
+  }
+  EXPECT_EQ((*server)->abandoned_sources(), std::vector<std::string>{"stuck"});
+  // The store stays open under the abandoned worker: its database is still locked.
+  store::StoreOptions so;
+  so.path = options.data_dir + "/db";
+  EXPECT_FALSE(store::Store::Open(so).ok()) << "the store was closed under a running worker";
+  server->reset();  // the manager (its worker released above), then the store
+  EXPECT_TRUE(store::Store::Open(so).ok());
 }
 
 TEST(ServerTest, RequiresAnExplicitAuthChoice) {

@@ -1528,5 +1528,34 @@ TEST_F(ManagerTest, ACreateCutShortLeavesNothingBehind) {
   EXPECT_EQ(listed->sources_size(), 1);
 }
 
+// --shutdown_grace bounds the workers' stop: one that has not reached a safe point by
+// ShutdownBy's deadline (its sink call ignores the cancellation) is abandoned and named,
+// and ShutdownBy returns at the deadline instead of joining it without end (Kubernetes
+// would SIGKILL the process mid-close). The abandoned worker keeps the manager and the
+// store: destroying the manager waits for it to end (handoffd exits instead).
+TEST_F(ManagerTest, ShutdownByAbandonsAWorkerStuckPastTheDeadlineAndNamesIt) {
+  absl::Notification in_sink, release;
+  HoldTheSinkUntil(&in_sink, &release);
+  ASSERT_TRUE(Create(GatedWithAFinalizedPage("stuck"), true).ok());
+  in_sink.WaitForNotification();  // the delivery thread is in the sink, and stays there
+  std::vector<std::string> abandoned;
+  absl::Notification returned;
+  std::thread shutdown([&] {
+    abandoned = manager_->ShutdownBy(absl::Now() + absl::Milliseconds(300));
+    returned.Notify();
+  });
+  // Generous: it returns at its deadline on any machine, and never without this fix.
+  const bool in_time = returned.WaitForNotificationWithTimeout(absl::Seconds(30));
+  release.Notify();
+  shutdown.join();
+  EXPECT_TRUE(in_time) << "ShutdownBy joined the stuck worker past its deadline";
+  EXPECT_EQ(abandoned, std::vector<std::string>{"stuck"});
+  EXPECT_EQ(manager_->StartSource("stuck").status().code(), absl::StatusCode::kUnavailable);
+  manager_.reset();  // waits for the abandoned worker, released above
+  // It stopped at a safe point: the next start resumes it from its checkpoint.
+  Restart();
+  WaitForCursor("stuck", "c1");
+}
+
 }  // namespace
 }  // namespace handoff::tests

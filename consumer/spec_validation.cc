@@ -1,5 +1,8 @@
 #include "consumer/spec_validation.h"
 
+#include <string>
+#include <utility>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "consumer/outcome_policy.h"
@@ -17,6 +20,63 @@ bool IsPrintable(absl::string_view s) {
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return false;
   }
   return true;
+}
+
+// A reference to a secret (SecretRef): a variable or a file, never the secret itself.
+absl::Status ValidateSecretRef(const handoff::v1::SecretRef& ref, absl::string_view field) {
+  switch (ref.source_case()) {
+    case handoff::v1::SecretRef::kEnv:
+      if (ref.env().empty() || !IsPrintable(ref.env())) {
+        return Invalid(absl::StrCat(field, ".env"), "must name an environment variable");
+      }
+      return absl::OkStatus();
+    case handoff::v1::SecretRef::kFile:
+      if (ref.file().empty() || !IsPrintable(ref.file())) {
+        return Invalid(absl::StrCat(field, ".file"), "must name a file");
+      }
+      return absl::OkStatus();
+    default:
+      return Invalid(field, "set env or file (never the secret itself)");
+  }
+}
+
+// A downstream sink's tls and token. An empty tls message is dropped, so that it and an
+// absent one are the same stored spec.
+absl::Status ValidateDownstreamSecurity(handoff::v1::SinkSpec::Downstream* d) {
+  constexpr absl::string_view kTls = "spec.sink.downstream.tls";
+  const handoff::v1::SinkSpec::Downstream::Tls& tls = d->tls();
+  const std::pair<const char*, const std::string*> fields[] = {
+      {"ca_file", &tls.ca_file()},
+      {"client_cert_file", &tls.client_cert_file()},
+      {"client_key_file", &tls.client_key_file()},
+      {"server_name_override", &tls.server_name_override()}};
+  for (const auto& [name, value] : fields) {
+    if (value->size() > 4096 || !IsPrintable(*value)) {
+      return Invalid(absl::StrCat(kTls, ".", name), "must be printable, at most 4096 bytes");
+    }
+    if (!value->empty() && !tls.enabled()) {
+      return Invalid(absl::StrCat(kTls, ".", name),
+                     "set while tls.enabled is false: set tls.enabled, or clear it");
+    }
+  }
+  const std::string& host = tls.server_name_override();
+  if (host.size() > 253 || absl::StrContains(host, " ") || absl::StrContains(host, "/")) {
+    return Invalid(absl::StrCat(kTls, ".server_name_override"), "must be a host name");
+  }
+  if (tls.client_cert_file().empty() != tls.client_key_file().empty()) {
+    return Invalid(absl::StrCat(kTls, ".client_cert_file/client_key_file"),
+                   "set both (mTLS) or neither");
+  }
+  if (d->has_token()) {
+    absl::Status s = ValidateSecretRef(d->token(), "spec.sink.downstream.token");
+    if (!s.ok()) return s;
+    if (!tls.enabled()) {
+      return Invalid("spec.sink.downstream.token",
+                     "requires tls.enabled (a bearer token is never sent in plaintext)");
+    }
+  }
+  if (d->has_tls() && !tls.enabled()) d->clear_tls();  // nothing else is set: see above
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -93,20 +153,8 @@ absl::StatusOr<handoff::v1::SourceSpec> NormalizeSpec(const handoff::v1::SourceS
   if (spec.page_limit() == 0) spec.set_page_limit(1000);
   if (spec.page_limit() > 1000) return Invalid("spec.page_limit", "at most 1000");
   if (spec.has_api_key()) {
-    switch (spec.api_key().source_case()) {
-      case handoff::v1::SecretRef::kEnv:
-        if (spec.api_key().env().empty() || !IsPrintable(spec.api_key().env())) {
-          return Invalid("spec.api_key.env", "must name an environment variable");
-        }
-        break;
-      case handoff::v1::SecretRef::kFile:
-        if (spec.api_key().file().empty() || !IsPrintable(spec.api_key().file())) {
-          return Invalid("spec.api_key.file", "must name a file");
-        }
-        break;
-      default:
-        return Invalid("spec.api_key", "set env or file (never the key itself)");
-    }
+    s = ValidateSecretRef(spec.api_key(), "spec.api_key");
+    if (!s.ok()) return s;
   }
   handoff::v1::SinkSpec* sink = spec.mutable_sink();
   switch (sink->kind_case()) {
@@ -126,6 +174,8 @@ absl::StatusOr<handoff::v1::SourceSpec> NormalizeSpec(const handoff::v1::SourceS
       }
       if (d->max_batch() == 0) d->set_max_batch(256);
       if (d->max_batch() > 10000) return Invalid("spec.sink.downstream.max_batch", "at most 10000");
+      s = ValidateDownstreamSecurity(d);
+      if (!s.ok()) return s;
       break;
     }
   }
@@ -175,6 +225,8 @@ std::vector<std::string> UnsafeSpecChanges(const handoff::v1::SourceSpec& stored
       s->mutable_sink()->mutable_downstream()->clear_deadline_ms();
       s->mutable_sink()->mutable_downstream()->clear_batch();
       s->mutable_sink()->mutable_downstream()->clear_max_batch();
+      s->mutable_sink()->mutable_downstream()->clear_tls();
+      s->mutable_sink()->mutable_downstream()->clear_token();
     }
   }
   std::vector<std::string> changed;

@@ -18,12 +18,16 @@ absl::Status ValidateSourceId(absl::string_view id, absl::string_view field);
 
 // Checks `spec` and fills defaults (page_limit 1000, local rows sink, the FINALIZED gate
 // for a downstream sink, failure policy defaults). The result is what is stored and compared for idempotency.
+// A downstream sink's tls: its fields need `enabled`, the client certificate and key go
+// together, and a token needs TLS; a tls message that enables nothing is dropped. Only
+// the shape is checked here: the files are read when the source starts.
 absl::StatusOr<handoff::v1::SourceSpec> NormalizeSpec(const handoff::v1::SourceSpec& spec);
 
 // The fields (paths such as "filter" or "sink.gate") in which two normalised specs
 // differ and that cannot change without a rebuild. Safe to change in place: transport
 // (cursors are the same for POLL and SSE), page_limit, api_key, failure_policy, and the
-// downstream sink's deadline_ms, batch and max_batch.
+// downstream sink's deadline_ms, batch, max_batch, tls and token (how events travel, not
+// which ones or where).
 std::vector<std::string> UnsafeSpecChanges(const handoff::v1::SourceSpec& stored,
                                            const handoff::v1::SourceSpec& updated);
 

@@ -1,5 +1,7 @@
 // ResolveApiKey: reads a source's provider API key from the environment variable or file
-// its spec names (SecretRef), under the process's ApiKeyPolicy.
+// its spec names (SecretRef), under the process's ApiKeyPolicy. ResolveSinkToken: the
+// same for the bearer token of its downstream sink (sink.downstream.token), under the
+// same policy: both are secrets a spec names and handoffd sends to a peer the spec names.
 //
 // Invariants:
 //  * No error ever carries the key: they name the source and where the key was looked
@@ -22,9 +24,11 @@
 namespace handoff::server {
 
 struct ApiKeyPolicy {
-  // Non-empty: api_key.file must lie inside this directory (--api_key_dir).
+  // Non-empty: api_key.file (and sink.downstream.token.file) must lie inside this
+  // directory (--api_key_dir).
   std::string dir;
-  // Non-empty: api_key.env must start with this (--api_key_env_prefix).
+  // Non-empty: api_key.env (and sink.downstream.token.env) must start with this
+  // (--api_key_env_prefix).
   std::string env_prefix;
 };
 
@@ -32,6 +36,11 @@ struct ApiKeyPolicy {
 // unreadable, holds characters an HTTP header cannot carry, or lies outside the policy.
 absl::StatusOr<std::string> ResolveApiKey(const handoff::v1::SourceSpec& spec,
                                           const ApiKeyPolicy& policy);
+
+// The token sink.downstream.token names ("" without one, or without a downstream sink).
+// Errors as ResolveApiKey's, naming sink.downstream.token.
+absl::StatusOr<std::string> ResolveSinkToken(const handoff::v1::SourceSpec& spec,
+                                             const ApiKeyPolicy& policy);
 
 }  // namespace handoff::server
 

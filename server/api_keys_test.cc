@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -95,6 +96,58 @@ TEST(ResolveApiKey, ErrorsNameWhereNeverWhat) {
   unsetenv("HANDOFF_PROVIDER_KEY_UNSET");
   key = ResolveApiKey(WithEnv("HANDOFF_PROVIDER_KEY_UNSET"), ApiKeyPolicy{});
   EXPECT_TRUE(absl::StrContains(key.status().message(), "is not set")) << key.status();
+}
+
+handoff::v1::SourceSpec WithSinkToken(const handoff::v1::SecretRef& token) {
+  handoff::v1::SourceSpec spec;
+  spec.set_id("s1");
+  auto* d = spec.mutable_sink()->mutable_downstream();
+  d->set_target("dns:///ledger.svc:8443");
+  d->mutable_tls()->set_enabled(true);
+  *d->mutable_token() = token;
+  return spec;
+}
+
+// The sink's bearer token is a secret of the same kind, under the same policy: the
+// deployment's files and variables only, and errors name the field, never the token.
+TEST(ResolveSinkToken, ReadsTheNamedSecretUnderTheApiKeyPolicy) {
+  EXPECT_EQ(*ResolveSinkToken(handoff::v1::SourceSpec(), ApiKeyPolicy{}), "");
+  EXPECT_EQ(*ResolveSinkToken(WithEnv("HANDOFF_PROVIDER_KEY_MAIN"), ApiKeyPolicy{}), "");
+
+  const std::string dir = TmpDir() + "/sink-tokens";
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  WriteFile(dir + "/ledger", absl::StrCat(kKey, "\n"));
+  const std::string outside = TmpDir() + "/sink-token-outside";
+  WriteFile(outside, kKey);
+  setenv("HANDOFF_SINK_TOKEN_LEDGER", kKey, 1);
+  setenv("OTHER_SINK_TOKEN", kKey, 1);
+  ApiKeyPolicy policy;
+  policy.dir = dir;
+  policy.env_prefix = "HANDOFF_SINK_TOKEN_";
+
+  handoff::v1::SecretRef ref;
+  ref.set_file(dir + "/ledger");
+  absl::StatusOr<std::string> token = ResolveSinkToken(WithSinkToken(ref), policy);
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_EQ(*token, kKey);
+  ref.set_env("HANDOFF_SINK_TOKEN_LEDGER");
+  token = ResolveSinkToken(WithSinkToken(ref), policy);
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_EQ(*token, kKey);
+
+  handoff::v1::SecretRef outside_file, other_env, unset_env, device;
+  outside_file.set_file(outside);
+  other_env.set_env("OTHER_SINK_TOKEN");
+  unset_env.set_env("HANDOFF_SINK_TOKEN_UNSET");
+  device.set_file("/dev/zero");
+  for (const auto& [bad, policed] : {std::pair{outside_file, true}, std::pair{other_env, true},
+                                     std::pair{unset_env, true}, std::pair{device, false}}) {
+    token = ResolveSinkToken(WithSinkToken(bad), policed ? policy : ApiKeyPolicy{});
+    EXPECT_EQ(token.status().code(), absl::StatusCode::kFailedPrecondition) << bad.DebugString();
+    EXPECT_TRUE(absl::StrContains(token.status().message(), "sink.downstream.token."))
+        << token.status();
+    EXPECT_FALSE(absl::StrContains(token.status().ToString(), "Hunter2")) << token.status();
+  }
 }
 
 }  // namespace

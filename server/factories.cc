@@ -45,8 +45,13 @@ consumer::Factories ProductionFactories(size_t max_pages_in_flight, bool adaptiv
     return consumer::MakeHttpProvider(std::move(options));
   };
   factories.page_budget = budget;
-  factories.external_sink = [](const handoff::v1::SourceSpec& spec) {
-    return consumer::MakeExternalSink(spec);
+  // The sink's TLS files and bearer token are read at each start of the source: an
+  // unreadable one halts it as CONFIG_INVALID, the reason naming where, never what.
+  factories.external_sink = [api_keys](const handoff::v1::SourceSpec& spec)
+      -> absl::StatusOr<std::unique_ptr<consumer::ExternalSink>> {
+    absl::StatusOr<std::string> token = ResolveSinkToken(spec, api_keys);
+    if (!token.ok()) return token.status();
+    return consumer::MakeExternalSink(spec, *token);
   };
   return factories;
 }

@@ -4,7 +4,9 @@
 //
 // The provider API key is read here (server/api_keys.h), from the environment variable or
 // file the spec names, under the process's ApiKeyPolicy; errors say where it was looked
-// for, never what it is. Local-rows sources need no external sink (nullptr).
+// for, never what it is. So is a downstream sink's bearer token (sink.downstream.token),
+// under the same policy; its TLS files are read by consumer::MakeExternalSink. Local-rows
+// sources need no external sink (nullptr).
 //
 // Only handoffd's composition root (flags.cc) depends on this target, so the server
 // library and its tests link no engine.

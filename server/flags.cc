@@ -76,12 +76,13 @@ ABSL_FLAG(bool, adaptive_page_slots, true,
           "each slower (a distant provider), fewer once they only share the CPU (a busy "
           "machine, a provider on it). false: all --max_pages_in_flight slots are used.");
 ABSL_FLAG(std::string, api_key_dir, "",
-          "If set, a source's api_key.file must be a file inside this directory (symlinks "
-          "resolved), e.g. the mounted Secret of provider keys: the admin API cannot point a "
-          "source at another file of the process. Empty: any file.");
+          "If set, a source's api_key.file (and sink.downstream.token.file) must be a file "
+          "inside this directory (symlinks resolved), e.g. the mounted Secret of provider "
+          "keys: the admin API cannot point a source at another file of the process. Empty: "
+          "any file.");
 ABSL_FLAG(std::string, api_key_env_prefix, "",
-          "If set, a source's api_key.env must start with this prefix (e.g. "
-          "HANDOFF_PROVIDER_KEY_). Empty: any variable.");
+          "If set, a source's api_key.env (and sink.downstream.token.env) must start with "
+          "this prefix (e.g. HANDOFF_PROVIDER_KEY_). Empty: any variable.");
 ABSL_FLAG(absl::Duration, idle_poll_max, handoff::consumer::WorkerOptions().idle_backoff.max,
           "Longest wait between two polls of a caught-up polling source (each wait is "
           "uniform in [half, all] of the growing ceiling). Longer costs less CPU per idle "

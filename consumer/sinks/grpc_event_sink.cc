@@ -1,11 +1,22 @@
 #include "consumer/sinks/grpc_event_sink.h"
 
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <future>
+#include <iterator>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace handoff::consumer {
 namespace {
@@ -76,6 +87,86 @@ void Fill(absl::string_view source_id, const Delivery& delivery, ApplyRequest* r
   request->set_finality(delivery.finality);
 }
 
+enum class PemKind { kCertificates, kPrivateKey };
+
+absl::Status Unusable(absl::string_view field, absl::string_view path, absl::string_view why) {
+  return absl::FailedPreconditionError(absl::StrCat(field, ": ", path, " ", why));
+}
+
+// OpenSSL's memory BIO over `pem`, freed with it.
+using Bio = std::unique_ptr<BIO, decltype(&BIO_free)>;
+Bio ReadOnlyBio(const std::string& pem) {
+  return Bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), &BIO_free);
+}
+
+// Refuses any passphrase: gRPC takes unencrypted keys only, and OpenSSL's default would
+// prompt on the terminal.
+int NoPassphrase(char*, int, int, void*) { return 0; }
+
+// The file at `path`, which must hold PEM of `kind`; errors name `field` and the path,
+// never the contents. OpenSSL's error queue (this thread's) is left empty.
+absl::StatusOr<std::string> ReadPem(absl::string_view field, const std::string& path,
+                                    PemKind kind) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    return Unusable(field, path, absl::StrCat("cannot be read: ", std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) return Unusable(field, path, "is not a regular file");
+  if (static_cast<uint64_t>(st.st_size) > kMaxPemFileBytes) {
+    return Unusable(field, path, "is larger than 1 MiB");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in.is_open()) {
+    return Unusable(field, path, absl::StrCat("cannot be read: ", std::strerror(errno)));
+  }
+  std::string pem((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return Unusable(field, path, "cannot be read");
+  Bio bio = ReadOnlyBio(pem);
+  bool found = false;
+  if (bio != nullptr && kind == PemKind::kCertificates) {
+    X509* cert = PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr);
+    found = cert != nullptr;
+    X509_free(cert);
+  } else if (bio != nullptr) {
+    EVP_PKEY* key = PEM_read_bio_PrivateKey(bio.get(), nullptr, NoPassphrase, nullptr);
+    found = key != nullptr;
+    EVP_PKEY_free(key);
+  }
+  ERR_clear_error();
+  if (!found && kind == PemKind::kCertificates) {
+    return Unusable(field, path, "holds no PEM certificate");
+  }
+  if (!found) {
+    return Unusable(field, path,
+                    absl::StrContains(pem, "-----BEGIN ENCRYPTED PRIVATE KEY-----") ||
+                            absl::StrContains(pem, "Proc-Type: 4,ENCRYPTED")
+                        ? "holds an encrypted private key (gRPC takes no passphrase)"
+                        : "holds no PEM private key");
+  }
+  return pem;
+}
+
+// The first certificate of `cert_chain` is the one of `private_key`.
+absl::Status CheckKeyPair(const std::string& cert_chain, const std::string& private_key) {
+  Bio cert_bio = ReadOnlyBio(cert_chain), key_bio = ReadOnlyBio(private_key);
+  X509* cert = cert_bio == nullptr
+                   ? nullptr
+                   : PEM_read_bio_X509(cert_bio.get(), nullptr, NoPassphrase, nullptr);
+  EVP_PKEY* key = key_bio == nullptr
+                      ? nullptr
+                      : PEM_read_bio_PrivateKey(key_bio.get(), nullptr, NoPassphrase, nullptr);
+  const bool match = cert != nullptr && key != nullptr && X509_check_private_key(cert, key) == 1;
+  X509_free(cert);
+  EVP_PKEY_free(key);
+  ERR_clear_error();
+  if (!match) {
+    return absl::FailedPreconditionError(
+        "sink.downstream.tls.client_key_file: the key does not match the certificate of "
+        "client_cert_file");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckOptions(const GrpcEventSinkOptions& options) {
   if (options.target.empty()) return absl::InvalidArgumentError("downstream sink: no target");
   if (options.deadline <= absl::ZeroDuration()) {
@@ -129,6 +220,10 @@ absl::StatusOr<std::unique_ptr<GrpcEventSink>> GrpcEventSink::Create(GrpcEventSi
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(100, max_backoff_ms));
   // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: it is also the connect timeout (default 20 s),
   // and a short one fails every connection slower than it (TLS, remote sinks).
+  if (!options.ssl_target_name_override.empty()) {
+    // The name the sink's certificate is checked against, and the SNI.
+    args.SetSslTargetNameOverride(options.ssl_target_name_override);
+  }
   std::shared_ptr<grpc::ChannelCredentials> credentials =
       options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials();
   std::shared_ptr<grpc::Channel> channel =
@@ -350,17 +445,56 @@ GrpcEventSink::BatchResult GrpcEventSink::BatchAnswers(const grpc::Status& s,
   return results < n ? BatchResult::kShort : BatchResult::kAnswered;
 }
 
-absl::StatusOr<std::unique_ptr<ExternalSink>> MakeExternalSink(
-    const handoff::v1::SourceSpec& spec) {
-  return MakeExternalSink(spec, nullptr);
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> DownstreamCredentials(
+    const handoff::v1::SinkSpec::Downstream& d, const std::string& bearer_token) {
+  const handoff::v1::SinkSpec::Downstream::Tls& tls = d.tls();
+  if (!tls.enabled()) {
+    if (!bearer_token.empty()) {
+      return absl::FailedPreconditionError(
+          "sink.downstream.token: requires tls.enabled (a bearer token is never sent in "
+          "plaintext)");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  grpc::SslCredentialsOptions ssl;
+  if (!tls.ca_file().empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem("sink.downstream.tls.ca_file", tls.ca_file(),
+                                                 PemKind::kCertificates));
+  }
+  if (!tls.client_cert_file().empty() || !tls.client_key_file().empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_cert_chain,
+                     ReadPem("sink.downstream.tls.client_cert_file", tls.client_cert_file(),
+                             PemKind::kCertificates));
+    ASSIGN_OR_RETURN(ssl.pem_private_key,
+                     ReadPem("sink.downstream.tls.client_key_file", tls.client_key_file(),
+                             PemKind::kPrivateKey));
+    RETURN_IF_ERROR(CheckKeyPair(ssl.pem_cert_chain, ssl.pem_private_key));
+  }
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::SslCredentials(ssl);
+  if (!bearer_token.empty()) {
+    // Call credentials: gRPC attaches them to every call, and refuses to on a channel
+    // below privacy and integrity.
+    credentials = grpc::CompositeChannelCredentials(
+        credentials, grpc::AccessTokenCredentials(bearer_token));
+  }
+  if (credentials == nullptr) {
+    return absl::FailedPreconditionError("sink.downstream.tls: gRPC refused the credentials");
+  }
+  return credentials;
 }
 
 absl::StatusOr<std::unique_ptr<ExternalSink>> MakeExternalSink(
-    const handoff::v1::SourceSpec& spec, std::shared_ptr<grpc::ChannelCredentials> credentials) {
+    const handoff::v1::SourceSpec& spec, const std::string& bearer_token) {
   if (spec.sink().kind_case() != handoff::v1::SinkSpec::kDownstream) {
     return std::unique_ptr<ExternalSink>();  // local rows: no external effect
   }
   const handoff::v1::SinkSpec::Downstream& d = spec.sink().downstream();
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      DownstreamCredentials(d, bearer_token);
+  if (!credentials.ok()) {
+    return absl::Status(credentials.status().code(),
+                        absl::StrCat("source ", spec.id(), ": ", credentials.status().message()));
+  }
   GrpcEventSinkOptions options;
   options.target = d.target();
   if (d.deadline_ms() > 0) options.deadline = absl::Milliseconds(d.deadline_ms());
@@ -369,7 +503,8 @@ absl::StatusOr<std::unique_ptr<ExternalSink>> MakeExternalSink(
     options.max_batch =
         static_cast<int>(std::min<uint32_t>(d.max_batch(), GrpcEventSink::kMaxBatchLimit + 1));
   }
-  options.credentials = std::move(credentials);
+  options.credentials = *std::move(credentials);
+  if (d.tls().enabled()) options.ssl_target_name_override = d.tls().server_name_override();
   absl::StatusOr<std::unique_ptr<GrpcEventSink>> sink = GrpcEventSink::Create(std::move(options));
   if (!sink.ok()) {
     return absl::Status(sink.status().code(),

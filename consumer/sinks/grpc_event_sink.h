@@ -33,6 +33,14 @@
 // this sink as soon as it has the answers, and gRPC's callback thread must never hold
 // the channel's last reference.
 //
+// Security: the channel is plaintext unless its credentials say otherwise. For a spec,
+// DownstreamCredentials builds them from sink.downstream.tls (TLS, optionally mTLS) and
+// the bearer token its caller resolved (server/api_keys.h): gRPC call credentials, sent
+// as `authorization: Bearer <token>` and only ever over a secure channel. A handshake
+// that fails (a plaintext peer, an untrusted or misnamed certificate, a client
+// certificate the sink refuses) is a failed RPC like any other: kTransportError, retried;
+// its message is gRPC's, which carries no key or token.
+//
 // Thread-compatible for Deliver (one worker at a time); Cancel() and max_batch() may be
 // called from any thread. Cancel() is final: in-flight RPCs are cancelled and every later
 // Deliver answers kTransportError at once, without sending.
@@ -68,6 +76,10 @@ struct GrpcEventSinkOptions {
   int max_batch = 256;
   // Channel credentials; null means insecure (plaintext).
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // With TLS credentials: the name the sink's certificate is checked against (and the
+  // SNI) instead of the target's host (GRPC_SSL_TARGET_NAME_OVERRIDE_ARG). Empty: the
+  // target's.
+  std::string ssl_target_name_override;
   // Cap of the channel's reconnect backoff, so a restarted sink is found again quickly
   // (gRPC's default grows to 120 s).
   absl::Duration max_reconnect_backoff = absl::Seconds(1);
@@ -188,15 +200,27 @@ class GrpcEventSink final : public ExternalSink {
   absl::flat_hash_set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
 };
 
+// The largest PEM file DownstreamCredentials reads.
+inline constexpr size_t kMaxPemFileBytes = 1 << 20;
+
+// The channel credentials of a Downstream sink: insecure (plaintext) without
+// tls.enabled; else TLS with the roots of tls.ca_file (empty: the system's), the client
+// certificate and key of mTLS when named, and, when `bearer_token` is not empty, call
+// credentials that send it as `authorization: Bearer <token>`. The files are read now.
+// FAILED_PRECONDITION naming the field and the path (never what a file holds) when one
+// is missing, unreadable, not a regular file, larger than kMaxPemFileBytes or holds no
+// PEM of its kind (an encrypted key included), when the key does not match the
+// certificate, or for a token without TLS.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> DownstreamCredentials(
+    const handoff::v1::SinkSpec::Downstream& downstream, const std::string& bearer_token);
+
 // The ExternalSink of `spec`: a GrpcEventSink for a Downstream sink, nullptr for local
 // rows (or no sink). INVALID_ARGUMENT for a Downstream spec without target or with
-// max_batch above GrpcEventSink::kMaxBatchLimit. Defaults: deadline 5000 ms, max_batch 256.
-absl::StatusOr<std::unique_ptr<ExternalSink>> MakeExternalSink(const handoff::v1::SourceSpec& spec);
-
-// As above, with explicit channel credentials (null: insecure), e.g. TLS:
-// grpc::SslCredentials(grpc::SslCredentialsOptions{.pem_root_certs = ...}).
+// max_batch above GrpcEventSink::kMaxBatchLimit; DownstreamCredentials' errors for its
+// tls (and `bearer_token`, the token sink.downstream.token names, resolved by the
+// caller). Every error begins "source <id>: ". Defaults: deadline 5000 ms, max_batch 256.
 absl::StatusOr<std::unique_ptr<ExternalSink>> MakeExternalSink(
-    const handoff::v1::SourceSpec& spec, std::shared_ptr<grpc::ChannelCredentials> credentials);
+    const handoff::v1::SourceSpec& spec, const std::string& bearer_token = "");
 
 }  // namespace handoff::consumer
 

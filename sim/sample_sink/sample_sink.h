@@ -34,9 +34,19 @@ class SampleSink {
     // Listening address; port 0 picks a free port (see port()).
     std::string host = "127.0.0.1";
     int port = 0;
+    // TLS of the port (both services), as PEM text. Both empty: plaintext.
+    std::string tls_cert_chain;
+    std::string tls_private_key;
+    // With TLS: require a client certificate these PEM roots verify (mTLS).
+    std::string tls_client_ca;
+    // Non-empty: EventSink calls must carry `authorization: Bearer <bearer_token>`; any
+    // other is answered UNAUTHENTICATED (its message names no token) and recorded
+    // nowhere. SampleSinkAdmin stays open (it is the harness's).
+    std::string bearer_token;
   };
 
-  // Opens the table and starts serving EventSink and SampleSinkAdmin (insecure).
+  // Opens the table and starts serving EventSink and SampleSinkAdmin (plaintext unless
+  // options.tls_*). INVALID_ARGUMENT for half a TLS pair, or a client CA without it.
   static absl::StatusOr<std::unique_ptr<SampleSink>> Start(Options options);
 
   SampleSink(const SampleSink&) = delete;

@@ -2,12 +2,16 @@
 // become SampleSink::Options, then the process serves until SIGTERM/SIGINT. The fault
 // knobs can be changed at run time over SampleSinkAdmin.
 //
+// --tls_cert/--tls_key serve TLS (--tls_client_ca: mTLS) and --bearer_token_file requires
+// a bearer token of EventSink calls, as handoffd's sink.downstream.tls and .token send.
+//
 // Prints "sample_sink listening on <host>:<port>" on stdout once serving (and writes the
 // port to --port_file if given), so a harness starting it with --port=0 can find it.
 #include <signal.h>
 
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "sim/sample_sink/sample_sink.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Listening address.");
@@ -22,6 +27,13 @@ ABSL_FLAG(int, port, 0, "Listening port (0: pick a free one).");
 ABSL_FLAG(std::string, port_file, "", "If set, the bound port is written here.");
 ABSL_FLAG(std::string, db_path, "", "RocksDB folder of the idempotency table (required).");
 ABSL_FLAG(bool, sync, true, "fsync every write.");
+ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate chain; serves TLS with --tls_key.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: require and verify client certificates (mTLS). Needs --tls_cert.");
+ABSL_FLAG(std::string, bearer_token_file, "",
+          "If set, EventSink calls must carry `authorization: Bearer <this file's text, "
+          "trimmed>` (else UNAUTHENTICATED).");
 
 ABSL_FLAG(uint32_t, fail_next_calls, 0, "Fail the next N calls.");
 ABSL_FLAG(std::string, fail_mode, "retry_later", "retry_later or unavailable.");
@@ -53,6 +65,20 @@ bool FillPredicate(uint64_t modulo, const std::string& blocks,
   return true;
 }
 
+// The whole file at `path` into `out` ("" leaves it empty); false if it cannot be read.
+bool ReadFlagFile(const std::string& flag, const std::string& path, std::string* out) {
+  if (path.empty()) return true;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::fprintf(stderr, "--%s: cannot read %s\n", flag.c_str(), path.c_str());
+    return false;
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  *out = text.str();
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -63,6 +89,19 @@ int main(int argc, char** argv) {
   options.port = absl::GetFlag(FLAGS_port);
   options.core.db_path = absl::GetFlag(FLAGS_db_path);
   options.core.sync = absl::GetFlag(FLAGS_sync);
+  if (!ReadFlagFile("tls_cert", absl::GetFlag(FLAGS_tls_cert), &options.tls_cert_chain) ||
+      !ReadFlagFile("tls_key", absl::GetFlag(FLAGS_tls_key), &options.tls_private_key) ||
+      !ReadFlagFile("tls_client_ca", absl::GetFlag(FLAGS_tls_client_ca),
+                    &options.tls_client_ca) ||
+      !ReadFlagFile("bearer_token_file", absl::GetFlag(FLAGS_bearer_token_file),
+                    &options.bearer_token)) {
+    return 2;
+  }
+  options.bearer_token = std::string(absl::StripAsciiWhitespace(options.bearer_token));
+  if (!absl::GetFlag(FLAGS_bearer_token_file).empty() && options.bearer_token.empty()) {
+    std::fprintf(stderr, "--bearer_token_file: the file is empty\n");
+    return 2;
+  }
   handoff::sim::v1::FaultConfig& f = options.core.faults;
   f.set_fail_next_calls(absl::GetFlag(FLAGS_fail_next_calls));
   const std::string mode = absl::GetFlag(FLAGS_fail_mode);

@@ -436,7 +436,7 @@ std::optional<PageAttempt::Result> PageAttempt::CommitSlots(
     return Make(Kind::kCrashed, "before_barrier");
   }
   if (config_.before_commit) {
-    absl::Status s = config_.before_commit();
+    absl::Status s = config_.before_commit(*step);
     if (absl::IsCancelled(s)) return Make(Kind::kCancelled, std::string(s.message()));
     if (!s.ok()) return Make(Kind::kStorageFailed, std::string(s.message()), s);
   }

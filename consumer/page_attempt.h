@@ -109,11 +109,12 @@ struct AttemptConfig {
   // published or acted on outside the process, only once the caller's
   // Store::AwaitSynced of its ticket returned OK (SourceWorker::SettleUnsynced).
   bool defer_barrier_sync = false;
-  // Called before each commit of the attempt: settles earlier attempts' unsynced
-  // barriers, so that pages are published in order and only a bounded number is ever
-  // unsynced (WorkerOptions::max_unsynced_pages). Non-OK ends the attempt: kCancelled
-  // for CANCELLED, otherwise kStorageFailed. May be empty.
-  std::function<absl::Status()> before_commit;
+  // Called before each commit of the attempt, with its step: settles earlier attempts'
+  // unsynced barriers, so that pages are published in order and only a bounded number is
+  // ever unsynced (WorkerOptions::max_unsynced_pages), and notes a step that writes below
+  // the delivery gate (UnpublishedWrites). Non-OK ends the attempt: kCancelled for
+  // CANCELLED, otherwise kStorageFailed. May be empty.
+  std::function<absl::Status(const store::StepBatch&)> before_commit;
   // With a sink: called on the attempt's thread once every event of the attempt has a
   // clean answer and only the final step remains, before it is staged and committed (so
   // that the worker's next call overlaps both); may be empty.
@@ -133,6 +134,8 @@ struct UnsyncedBarrier {
   // Set when the step made a correction of this depth (EngineObserver::OnCorrection,
   // reported once synced).
   std::optional<uint64_t> correction_depth;
+  // The worker's sequence number of the page (UnpublishedWrites::Published).
+  uint64_t page_seq = 0;
   // The fault point that follows the step's commit ("ingest.after_event_commit"), or
   // empty; hit once it is durable, before "ingest.after_barrier".
   std::string after_point;

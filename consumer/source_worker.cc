@@ -359,6 +359,12 @@ void SourceWorker::Release(std::unique_ptr<PageAttempt> attempt) {
   }  // else destroyed here
 }
 
+void SourceWorker::NoteWriteBelowGate(const store::StepBatch& step) {
+  const std::optional<Position>& low = step.lowest_outbox_write();
+  if (!gated_ || !low.has_value() || !applied_high_.has_value() || *applied_high_ < *low) return;
+  unpublished_writes_.Note(ingest_page_seq_, *low);
+}
+
 AttemptConfig SourceWorker::MakeConfig(store::Stage stage) {
   AttemptConfig c = MakeAttemptConfig(spec_, stage, parts_.store, parts_.sink.get(),
                                       parts_.effect, parts_.observer, options_, &stop_);
@@ -366,7 +372,8 @@ AttemptConfig SourceWorker::MakeConfig(store::Stage stage) {
   if (stage == store::Stage::kIngest && options_.max_unsynced_pages > 0) {
     c.defer_barrier_sync = true;
     // After this commit at most max_unsynced_pages are unsynced.
-    c.before_commit = [this] {
+    c.before_commit = [this](const store::StepBatch& step) {
+      NoteWriteBelowGate(step);
       return SettleUnsynced(static_cast<size_t>(options_.max_unsynced_pages - 1));
     };
   }
@@ -386,6 +393,7 @@ bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
         // The page, its checkpoint and its attempt's progress are published by
         // SettleUnsynced once synced.
         r.unsynced->attempt_info = attempt->Info();
+        r.unsynced->page_seq = ingest_page_seq_;
         unsynced_.push_back(*std::move(r.unsynced));
         return true;
       }
@@ -399,6 +407,7 @@ bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
     switch (r.kind) {
       case Kind::kPromoted:
         PublishCheckpoint(stage, attempt->checkpoint());
+        if (stage == store::Stage::kIngest) unpublished_writes_.Published(ingest_page_seq_);
         return true;
       case Kind::kNothingNew:
         return true;  // the caller backs off
@@ -462,6 +471,7 @@ absl::Status SourceWorker::SettleUnsynced(size_t keep) {
       *p->mutable_attempt() = u.attempt_info;
     });
     PublishCheckpoint(store::Stage::kIngest, u.checkpoint);
+    unpublished_writes_.Published(u.page_seq);
     if (gated_) Poke();
   }
   return absl::OkStatus();
@@ -606,6 +616,10 @@ void SourceWorker::IngestLoop() {
       }
       cp = *std::move(pinned);
     }
+    if (!applied_high_.has_value() && cp->has_applied()) {
+      applied_high_ = Position{cp->applied_block(), cp->applied_log_index()};
+    }
+    ++ingest_page_seq_;
     auto attempt = std::make_unique<PageAttempt>(config,
                                                  *std::move(cp), *std::move(fetched.page));
     const bool nothing_new =
@@ -615,6 +629,11 @@ void SourceWorker::IngestLoop() {
       idle = false;
     }
     const bool go_on = DriveAttempt(attempt.get(), store::Stage::kIngest);
+    if (attempt->checkpoint().has_applied()) {
+      const Position applied{attempt->checkpoint().applied_block(),
+                             attempt->checkpoint().applied_log_index()};
+      if (!applied_high_.has_value() || *applied_high_ < applied) applied_high_ = applied;
+    }
     if (nothing_new && go_on) unchanged = attempt->checkpoint();
     Release(std::move(attempt));
     if (!go_on) break;
@@ -719,7 +738,8 @@ std::vector<handoff::v1::EventRow>* SourceWorker::ReadAhead::RowsFrom(Position f
 }
 
 std::unique_ptr<SourceWorker::ReadAhead> SourceWorker::ReadRunAhead(
-    Position after, Position to, uint64_t outbox_epoch) const {
+    Position after, Position to, uint64_t outbox_epoch,
+    const UnpublishedWrites::Cap& cap) const {
   // Only below the finalized mark are outbox entries never rewritten (a correction
   // reaching a delivered finalized event halts the source); below the safe mark a deep
   // reorg may still replace them, so a SAFE source reads each run when it starts.
@@ -728,18 +748,21 @@ std::unique_ptr<SourceWorker::ReadAhead> SourceWorker::ReadRunAhead(
   if (!from.has_value() || to < *from) return nullptr;
   auto ahead = std::make_unique<ReadAhead>();
   ahead->outbox_epoch = outbox_epoch;
-  ahead->pending = std::async(std::launch::async, [this, from = *from, to] {
+  ahead->pending = std::async(std::launch::async, [this, from = *from, to, cap] {
     RunRows r;
     r.from = from;
     r.status = ReadOutbox(from, to, RunLimit(), &r.rows);
+    if (r.status.ok() && !unpublished_writes_.Unchanged(cap)) {
+      r.status = absl::AbortedError("a write below the delivery gate was noted during the read");
+    }
     return r;
   });
   return ahead;
 }
 
 std::unique_ptr<EarlyDelivery> SourceWorker::SendEarly(Position after, Position to,
-                                                       ReadAhead* ahead,
-                                                       uint64_t outbox_epoch) {
+                                                       ReadAhead* ahead, uint64_t outbox_epoch,
+                                                       const UnpublishedWrites::Cap& cap) {
   const std::optional<Position> from = NextRunStart(after);
   if (!from.has_value() || to < *from) return nullptr;
   // The next attempt's first call: at most one sink batch, and no more than a run.
@@ -752,7 +775,10 @@ std::unique_ptr<EarlyDelivery> SourceWorker::SendEarly(Position after, Position 
   std::vector<handoff::v1::EventRow> own;
   if (read == nullptr) {
     // A failed read sends nothing: the next attempt reads the outbox itself and reports it.
-    if (!ReadOutbox(*from, to, count, &own).ok()) return nullptr;
+    if (!ReadOutbox(*from, to, count, &own).ok() || !unpublished_writes_.Unchanged(cap)) {
+      RowPool::Default().Give(std::move(own));
+      return nullptr;
+    }
     read = &own;
   }
   size_t n = std::min(count, read->size());
@@ -843,8 +869,15 @@ void SourceWorker::DeliveryLoop() {
     if (icp->has_applied()) {
       to = std::min(to, Position{icp->applied_block(), icp->applied_log_index()});
     }
+    // Nor does it bound what a page that rewound the applied position, and the pages
+    // after it, wrote below it before they were published: read strictly below those.
+    const UnpublishedWrites::Cap cap = unpublished_writes_.Current();
+    const std::optional<Position> below_cap =
+        cap.below.has_value() ? PositionBefore(*cap.below) : std::nullopt;
+    if (below_cap.has_value()) to = std::min(to, *below_cap);
     Page run;
-    if (mark.present() && icp->has_applied()) {
+    if (mark.present() && icp->has_applied() &&
+        !(cap.below.has_value() && !below_cap.has_value())) {
       const Position from =
           dcp->has_applied()
               ? Successor(Position{dcp->applied_block(), dcp->applied_log_index()})
@@ -854,6 +887,12 @@ void SourceWorker::DeliveryLoop() {
         Halt(handoff::v1::SOURCE_STATE_STORAGE_FAILED,
              absl::StrCat("cannot read the outbox: ", s.message()), s);
         break;
+      }
+      if (!unpublished_writes_.Unchanged(cap)) {
+        // A write below the gate was noted during the read: it may have seen it.
+        FaultPoints::Hit("delivery.read_below_gate_dropped");
+        RowPool::Default().Give(std::move(run.items));
+        continue;
       }
     }
     if (run.items.empty()) {
@@ -871,9 +910,9 @@ void SourceWorker::DeliveryLoop() {
     config.early = early.get();
     const Position last = PositionOf(run.items.back());
     const uint64_t outbox_epoch = dcp->outbox_epoch();
-    ahead = ReadRunAhead(last, to, outbox_epoch);
-    config.on_final_commit = [this, &next, &ahead, last, to, outbox_epoch] {
-      next = SendEarly(last, to, ahead.get(), outbox_epoch);
+    ahead = ReadRunAhead(last, to, outbox_epoch, cap);
+    config.on_final_commit = [this, &next, &ahead, last, to, outbox_epoch, cap] {
+      next = SendEarly(last, to, ahead.get(), outbox_epoch, cap);
     };
     auto attempt =
         std::make_unique<PageAttempt>(config, *std::move(dcp), std::move(run));

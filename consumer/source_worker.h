@@ -54,6 +54,7 @@
 #include "consumer/progress_board.h"
 #include "consumer/provider.h"
 #include "consumer/sink.h"
+#include "consumer/unpublished_writes.h"
 #include "consumer/unrecorded_sends.h"
 #include "handoff/v1/source.pb.h"
 #include "store/store.h"
@@ -206,14 +207,15 @@ class SourceWorker {
   size_t RunLimit() const { return static_cast<size_t>(std::max(1, options_.delivery_run)); }
   // Starts reading the run after `after` (at most delivery_run entries up to `to`);
   // null for a gate other than FINALIZED or when nothing follows.
-  std::unique_ptr<ReadAhead> ReadRunAhead(Position after, Position to,
-                                          uint64_t outbox_epoch) const;
+  std::unique_ptr<ReadAhead> ReadRunAhead(Position after, Position to, uint64_t outbox_epoch,
+                                          const UnpublishedWrites::Cap& cap) const;
   // Sends the first call of the run after `after` (outbox entries up to `to`) on a
   // helper thread: the lookahead of DeliveryLoop. Takes its rows from `ahead` when it
   // has them. Null when there is nothing to send, or when a correction has moved the
   // outbox past `outbox_epoch` (the epoch of the current run's checkpoint).
   std::unique_ptr<EarlyDelivery> SendEarly(Position after, Position to, ReadAhead* ahead,
-                                           uint64_t outbox_epoch);
+                                           uint64_t outbox_epoch,
+                                           const UnpublishedWrites::Cap& cap);
   // The run of at most delivery_run entries in [from, to]: `ahead`'s rows when it read
   // from `from` under `outbox_epoch`, else read from the outbox now. `ahead` may be null.
   absl::Status ReadRun(Position from, Position to, uint64_t outbox_epoch,
@@ -246,6 +248,9 @@ class SourceWorker {
   void Release(std::unique_ptr<PageAttempt> attempt);
   void ThreadDone() ABSL_LOCKS_EXCLUDED(mu_);
   AttemptConfig MakeConfig(store::Stage stage);
+  // Ingest, before each commit: notes a step that writes outbox entries at or below the
+  // highest applied position so far in unpublished_writes_.
+  void NoteWriteBelowGate(const store::StepBatch& step);
   bool stopping() const { return stop_.load(); }
 
   // Constant after construction.
@@ -256,6 +261,12 @@ class SourceWorker {
   // FINALIZED gate only (else null): what the sink may have applied unrecorded, shared
   // by the two stages' attempts.
   const std::unique_ptr<UnrecordedSends> unrecorded_sends_;
+  // Gated sources: the outbox writes below the delivery gate of pages not yet published.
+  UnpublishedWrites unpublished_writes_;
+  // Ingest thread only: the sequence number of the current page (attempt), and the
+  // highest applied position any of its attempts committed.
+  uint64_t ingest_page_seq_ = 0;
+  std::optional<Position> applied_high_;
 
   std::atomic<bool> stop_{false};
   std::atomic<bool> crashed_{false};

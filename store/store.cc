@@ -352,8 +352,12 @@ Store::Store(const StoreOptions& options,
   cfs_.row_segments = handles_[9];
   write_options_.sync = options.sync;
   if (options.sync) {
-    syncer_ = std::make_unique<WalSyncer>([this] { return SyncWal(); },
-                                          options.wal_sync_interval);
+    syncer_ = std::make_unique<WalSyncer>(
+        [this, before = options.before_background_sync] {
+          if (before) before();
+          return SyncWal();
+        },
+        options.wal_sync_interval);
   }
 }
 

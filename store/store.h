@@ -132,6 +132,9 @@ struct StoreOptions {
   absl::Duration wal_sync_interval = absl::Milliseconds(5);
   // Tests inject faults through an Env wrapping a FileSystem (fault_injection_fs.h).
   rocksdb::Env* env = nullptr;
+  // Tests: called by the background syncer before each sync of deferred commits (it may
+  // block, holding those commits unsynced). Empty in production.
+  std::function<void()> before_background_sync;
   // Memtable size of the families written once per event (rows, outbox, receipts);
   // bigger means fewer flushes while ingesting. The other families take a few records
   // per page and get kSmallWriteBufferBytes (or this, if smaller).

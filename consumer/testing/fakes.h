@@ -46,6 +46,10 @@ class FakeProvider : public Provider {
   // Each Fetch is answered anew, as a polled provider's: a caught-up source's polls go
   // through the manager's IdlePoller.
   bool PolledPerFetch() const override { return true; }
+  // What Ready() answers (false by default: the worker then publishes its unsynced pages
+  // before each Fetch). True lets pages be committed while earlier ones await their sync.
+  bool Ready(const std::string&) override { return ready_.load(); }
+  void set_ready(bool ready) { ready_.store(ready); }
   int read_ahead_drops() const { return read_ahead_drops_.load(); }
   int fetches() const ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<std::string> requested() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -63,6 +67,7 @@ class FakeProvider : public Provider {
   std::vector<std::string> requested_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> fetch_threads_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> cancelled_{false};
+  std::atomic<bool> ready_{false};
   std::atomic<int> read_ahead_drops_{0};
 };
 

@@ -4,6 +4,7 @@
 // the documented hold or quarantine for each refusal, and a slow sink that backs off
 // without spinning or blocking other sources.
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -39,9 +40,13 @@ using consumer::testing::MakeRow;
 // and the sample sink live outside it and survive Restart().
 class Rig {
  public:
-  // `max_events_per_step` 0: the worker's default.
-  explicit Rig(std::string dir, int max_events_per_step = 0)
-      : dir_(std::move(dir)), max_events_per_step_(max_events_per_step) {
+  // `max_events_per_step` 0: the default. `before_background_sync`: the store's hook
+  // (StoreOptions), may be empty.
+  explicit Rig(std::string dir, int max_events_per_step = 0,
+               std::function<void()> before_background_sync = nullptr)
+      : dir_(std::move(dir)),
+        max_events_per_step_(max_events_per_step),
+        before_background_sync_(std::move(before_background_sync)) {
     sim::SampleSink::Options so;
     so.core.db_path = dir_ + "-sink";
     absl::StatusOr<std::unique_ptr<sim::SampleSink>> sink = sim::SampleSink::Start(so);
@@ -58,6 +63,7 @@ class Rig {
   void Open() {
     store::StoreOptions so;
     so.path = dir_;
+    so.before_background_sync = before_background_sync_;
     absl::StatusOr<std::unique_ptr<store::Store>> s = store::Store::Open(so);
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = *std::move(s);
@@ -164,6 +170,13 @@ class Rig {
     if (!v.ok() || !v->has_value() || !receipt.ParseFromString(**v)) return "";
     return receipt.block_hash();
   }
+  // The cursor of the stored ingest checkpoint (which may be ahead of the published one).
+  std::string StoredCursor(const std::string& id) {
+    absl::StatusOr<store::CheckpointRecord> cp =
+        store_->LoadCheckpoint(id, store::Stage::kIngest);
+    EXPECT_TRUE(cp.ok()) << cp.status();
+    return cp.ok() ? cp->resume_cursor() : "";
+  }
   // The positions that have a delivery-stage receipt (the engine's own record of a
   // delivered event), in order.
   std::vector<Position> DeliveryReceipts(const std::string& id) {
@@ -194,6 +207,7 @@ class Rig {
  private:
   const std::string dir_;
   const int max_events_per_step_;
+  const std::function<void()> before_background_sync_;
   std::map<std::string, FakeProvider> providers_;
   std::unique_ptr<sim::SampleSink> sink_;
   std::unique_ptr<store::Store> store_;
@@ -725,6 +739,59 @@ TEST(Effects, AnEventInsertedBehindAnAbandonedAttemptFencesTheDeliveryInFlight) 
   }
   EXPECT_EQ(rig.DeliveryReceipts("bf").size(), 5u);
   EXPECT_TRUE(rig.OutboxEntries("bf").empty());
+}
+
+// A correction committed while an earlier page's fsync is in flight stays unpublished
+// until that sync; the page after it, deferred too, writes outbox entries below the
+// published applied position (the correction rewound it). The delivery gate reads up
+// to the published position, so it would send that page's events before they are
+// durable. The pages that write below the gate are noted before they commit, and the
+// delivery reads strictly below them until they are published
+// (consumer/unpublished_writes.h). Before: 180:0 of fork "b" reached the SAFE sink while
+// its page awaited its fsync.
+TEST(Effects, AGatedSinkIsNotSentAPageWrittenBelowTheGateBeforeItIsDurable) {
+  // The background syncs of deferred pages can be held (from page B on).
+  std::atomic<bool> hold_syncs{false};
+  absl::Notification release_syncs;
+  Rig rig(consumer::testing::TestDir("below-gate"), 0, [&hold_syncs, &release_syncs] {
+    if (hold_syncs.load()) release_syncs.WaitForNotificationWithTimeout(absl::Seconds(25));
+  });
+  FakeProvider& provider = rig.provider("bg");
+  provider.set_ready(true);
+  provider.SetPage("100", WithMarks(MakePage(100, 200, {MakeRow(199)}, "c1"), 300, 300));
+  rig.Create(rig.Spec("bg", handoff::v1::DELIVERY_GATE_SAFE));
+  ASSERT_TRUE(rig.WaitFor("bg", [](const handoff::v1::Progress& p) {
+    return DeliveredThrough(p, 199, 0);
+  })) << "the first page was never delivered";
+  hold_syncs.store(true);
+  // Page B (its sync held), then a correction of 150-170 that only inserts (one that
+  // replaces an event also changes operator records, and is committed and published
+  // before the next page), then page D above it; served last to first, so that the
+  // worker never finds nothing new (which publishes, waiting for the syncs) between them.
+  provider.SetPage("c3", WithMarks(MakePage(171, 195, {MakeRow(180, 0, "b")}, "c4"), 300, 300));
+  provider.SetPage("c2", WithMarks(MakePage(150, 170, {MakeRow(150, 0, "b"), MakeRow(160, 0, "b")},
+                                            "c3", /*reorg=*/true),
+                                   300, 300));
+  provider.SetPage("c1", WithMarks(MakePage(201, 210, {MakeRow(205)}, "c2"), 300, 300));
+  ASSERT_TRUE(rig.WaitFor("bg", [&](const handoff::v1::Progress&) {
+    return rig.StoredCursor("bg") == "c4";
+  })) << "page D was never committed";
+  // While page D is unpublished, its event must not reach the sink (the published
+  // cursor is read after the sink's records: a record seen with D unpublished was sent
+  // before D was durable).
+  // The correction's own events are synced (written synced), the gate still at page A's.
+  EXPECT_FALSE(rig.WaitFor("bg", [&](const handoff::v1::Progress&) {
+    return rig.Records().count(KeyOf("bg", 180, 0, "b")) == 1;
+  }, absl::Seconds(2))) << "a SAFE sink was sent an event of an unsynced page";
+  absl::StatusOr<handoff::v1::Progress> held = rig.manager()->GetProgress("bg");
+  ASSERT_TRUE(held.ok());
+  EXPECT_NE(held->checkpoint().resume_cursor(), "c4") << "page D was published unsynced";
+  release_syncs.Notify();
+  // Once published, it is delivered.
+  ASSERT_TRUE(rig.WaitFor("bg", [](const handoff::v1::Progress& p) {
+    return DeliveredThrough(p, 180, 0);
+  })) << "delivery never reached 180:0";
+  EXPECT_EQ(rig.Records().count(KeyOf("bg", 180, 0, "b")), 1u);
 }
 
 // Starts SAFE source `id` over blocks 100..`through` (two events each, fork "a", all

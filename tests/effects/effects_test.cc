@@ -337,6 +337,19 @@ std::shared_ptr<std::atomic<bool>> CrashAtNthHit(const char* point, int nth) {
   return fired;
 }
 
+// Arms "delivery.after_deliver" so that the first delivery call, once answered, is held
+// before its answers are recorded: `sent` is notified, and the call waits for `release`.
+void HoldTheFirstDeliveryCall(absl::Notification* sent, absl::Notification* release) {
+  auto hits = std::make_shared<std::atomic<int>>(0);
+  FaultPoints::Arm("delivery.after_deliver", [sent, release, hits] {
+    if (hits->fetch_add(1) == 0) {
+      sent->Notify();
+      release->WaitForNotificationWithTimeout(absl::Seconds(60));
+    }
+    return false;
+  });
+}
+
 // Blocks [from, to] of two events each, fork "a" below `fork_block` and "b" from it:
 // each event reached the sink once, and the engine recorded the one it delivered.
 void ExpectEachDeliveredOnce(Rig& rig, const std::string& id, uint64_t from, uint64_t to,
@@ -414,14 +427,7 @@ TEST(Effects, ACorrectionReplacingAFinalizedEventInFlightToTheSinkHalts) {
   // The first delivery call (the run 100:0-101:0) is answered, then held before its
   // answers are recorded.
   absl::Notification sent, release;
-  auto hits = std::make_shared<std::atomic<int>>(0);
-  FaultPoints::Arm("delivery.after_deliver", [&sent, &release, hits] {
-    if (hits->fetch_add(1) == 0) {
-      sent.Notify();
-      release.WaitForNotificationWithTimeout(absl::Seconds(60));
-    }
-    return false;
-  });
+  HoldTheFirstDeliveryCall(&sent, &release);
   rig.Create(rig.Spec("ff", handoff::v1::DELIVERY_GATE_FINALIZED));
   ASSERT_TRUE(sent.WaitForNotificationWithTimeout(absl::Seconds(20)));
   provider.SetPage("c1", WithMarks(MakePage(100, 103, TwoEventsPerBlock(100, 103, "b"), "c2",
@@ -708,14 +714,7 @@ TEST(Effects, AnEventInsertedBehindAnAbandonedAttemptFencesTheDeliveryInFlight) 
   unavailable_upstream.kind = consumer::RefusalKind::kTransient;
   provider.SetRefusal("c1", unavailable_upstream, 1000000);
   absl::Notification sent, release;
-  auto hits = std::make_shared<std::atomic<int>>(0);
-  FaultPoints::Arm("delivery.after_deliver", [&sent, &release, hits] {
-    if (hits->fetch_add(1) == 0) {
-      sent.Notify();
-      release.WaitForNotificationWithTimeout(absl::Seconds(60));
-    }
-    return false;
-  });
+  HoldTheFirstDeliveryCall(&sent, &release);
   rig.sink()->SetFaults(handoff::sim::v1::FaultConfig());
   rig.Open();
   ASSERT_TRUE(sent.WaitForNotificationWithTimeout(absl::Seconds(20)));

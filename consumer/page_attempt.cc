@@ -498,6 +498,7 @@ std::optional<PageAttempt::Result> PageAttempt::CommitSlots(
     u.events = events;
     u.commit_start = start;
     if (corrects) u.correction_depth = correction_depth_;
+    u.replaced_history = replaces_history_;
     if (after_point != nullptr) u.after_point = PointName(config_.stage, after_point);
     return r;
   }

@@ -136,6 +136,8 @@ struct UnsyncedBarrier {
   std::optional<uint64_t> correction_depth;
   // The worker's sequence number of the page (UnpublishedWrites::Published).
   uint64_t page_seq = 0;
+  // The page replaced history (PageAttempt::replaces_history).
+  bool replaced_history = false;
   // The fault point that follows the step's commit ("ingest.after_event_commit"), or
   // empty; hit once it is durable, before "ingest.after_barrier".
   std::string after_point;
@@ -181,6 +183,9 @@ class PageAttempt {
   // The last checkpoint this attempt knows to be durable.
   const store::CheckpointRecord& checkpoint() const { return checkpoint_; }
   const Page& page() const { return page_; }
+  // Ingest: the page replaces history (a correction, or a replacement of an abandoned
+  // attempt's work): its steps fence the delivery stage. Known once validated.
+  bool replaces_history() const { return replaces_history_; }
   // Gives the page's PageBudget slot back, keeping the page: an attempt waiting for an
   // operator (a hold) or a retry may wait for hours, and must not take a slot that
   // other sources need to fetch. Its memory is then a term of its own in the bound

@@ -173,6 +173,14 @@ void SourceWorker::Poke() {
   absl::MutexLock lock(&mu_);
   ingest_poked_ = true;
   delivery_poked_ = true;
+  delivery_run_poked_ = true;
+  cv_.SignalAll();
+}
+
+void SourceWorker::PokeDelivery(bool rewrote_outbox) {
+  absl::MutexLock lock(&mu_);
+  delivery_poked_ = true;
+  if (rewrote_outbox) delivery_run_poked_ = true;
   cv_.SignalAll();
 }
 
@@ -384,7 +392,7 @@ bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
   bool* poked = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    poked = stage == store::Stage::kIngest ? &ingest_poked_ : &delivery_poked_;
+    poked = stage == store::Stage::kIngest ? &ingest_poked_ : &delivery_run_poked_;
   }
   while (true) {
     PageAttempt::Result r = attempt->Run();
@@ -441,6 +449,7 @@ bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
                    r.detail, hold ? absl::InfinitePast() : r.retry_at);
         }
         if (WaitUntil(until, poked) == Wake::kStopped) return false;
+        if (!ingest) FaultPoints::Hit("delivery.woken");  // an interleaving point
         if (ingest) SetState(handoff::v1::SOURCE_STATE_RUNNING, "");
         break;
       }
@@ -472,7 +481,7 @@ absl::Status SourceWorker::SettleUnsynced(size_t keep) {
     });
     PublishCheckpoint(store::Stage::kIngest, u.checkpoint);
     unpublished_writes_.Published(u.page_seq);
-    if (gated_) Poke();
+    if (gated_) PokeDelivery(u.replaced_history);
   }
   return absl::OkStatus();
 }
@@ -635,6 +644,7 @@ void SourceWorker::IngestLoop() {
       if (!applied_high_.has_value() || *applied_high_ < applied) applied_high_ = applied;
     }
     if (nothing_new && go_on) unchanged = attempt->checkpoint();
+    const bool rewrote_outbox = attempt->replaces_history();
     Release(std::move(attempt));
     if (!go_on) break;
     if (nothing_new && !parts_.provider->PolledPerFetch()) {
@@ -671,7 +681,7 @@ void SourceWorker::IngestLoop() {
     }
     backoff.Reset();
     idle_backoff.Reset();
-    if (gated_ && unsynced_.empty()) Poke();  // else SettleUnsynced pokes
+    if (gated_ && unsynced_.empty()) PokeDelivery(rewrote_outbox);  // else SettleUnsynced does
   }
   // A stop leaves the last page published (a crash abandons it as it is).
   if (!crashed_.load()) SettleOrHalt();

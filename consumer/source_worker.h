@@ -248,6 +248,9 @@ class SourceWorker {
   void Release(std::unique_ptr<PageAttempt> attempt);
   void ThreadDone() ABSL_LOCKS_EXCLUDED(mu_);
   AttemptConfig MakeConfig(store::Stage stage);
+  // A page was published: wakes the delivery stage's idle wait, and its wait on a hold
+  // or a retry too if the page `rewrote_outbox` (PageAttempt::replaces_history).
+  void PokeDelivery(bool rewrote_outbox) ABSL_LOCKS_EXCLUDED(mu_);
   // Ingest, before each commit: notes a step that writes outbox entries at or below the
   // highest applied position so far in unpublished_writes_.
   void NoteWriteBelowGate(const store::StepBatch& step);
@@ -275,7 +278,11 @@ class SourceWorker {
   mutable absl::Mutex mu_;
   absl::CondVar cv_;
   bool ingest_poked_ ABSL_GUARDED_BY(mu_) = false;
+  // The delivery stage's idle wait: the gate may have moved (a page published).
   bool delivery_poked_ ABSL_GUARDED_BY(mu_) = false;
+  // Its wait on a hold or a retry: an operator's decision, or a published page that
+  // rewrote the outbox (a correction may have replaced the waiting run's events).
+  bool delivery_run_poked_ ABSL_GUARDED_BY(mu_) = false;
   // What the IdlePoller handed back to a parked ingest loop (AwaitNews).
   bool news_ready_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<FetchResult> news_ ABSL_GUARDED_BY(mu_);

@@ -810,6 +810,39 @@ void StartHoldingARejectedEvent(Rig* rig, const std::string& id, uint64_t throug
   rig->Create(spec);
 }
 
+// A delivery waiting on an operator's hold is not woken by every page the ingest stage
+// publishes meanwhile (each wake reread the checkpoint and the run's receipts and
+// republished progress, waking every watcher): only pages that rewrite the outbox (a
+// correction), or the operator's decision, wake it. Before: one wake per page.
+TEST(Effects, ADeliveryHeldForAnOperatorSleepsThroughPlainPages) {
+  FaultPoints::CountHits(true);
+  Rig rig(consumer::testing::TestDir("held-asleep"));
+  FakeProvider& provider = rig.provider("hs");
+  StartHoldingARejectedEvent(&rig, "hs", 101, Position{100, 1});
+  ASSERT_TRUE(TheOnlyHold(rig, "hs").has_value());
+  const int before = FaultPoints::Hits("delivery.woken");
+  constexpr int kPages = 30;
+  for (int i = kPages; i >= 1; --i) {  // last to first: served back to back
+    const uint64_t b = 101 + static_cast<uint64_t>(i);
+    provider.SetPage(absl::StrCat("c", i),
+                     WithMarks(MakePage(b, b, {MakeRow(b)}, absl::StrCat("c", i + 1)), 100, b));
+  }
+  ASSERT_TRUE(rig.WaitFor("hs", [](const handoff::v1::Progress& p) {
+    return p.checkpoint().resume_cursor() == absl::StrCat("c", kPages + 1);
+  })) << "ingest never went past the hold's page";
+  EXPECT_LT(FaultPoints::Hits("delivery.woken") - before, 3)
+      << "the held delivery was woken by plain pages";
+  // The operator's decision still wakes it at once.
+  const std::optional<handoff::v1::Hold> hold = TheOnlyHold(rig, "hs");
+  ASSERT_TRUE(hold.has_value());
+  rig.sink()->SetFaults(handoff::sim::v1::FaultConfig());
+  ASSERT_TRUE(Resolve(rig, "hs", *hold, handoff::v1::HOLD_DECISION_RETRY, "sink fixed").ok());
+  ASSERT_TRUE(rig.WaitFor("hs", [](const handoff::v1::Progress& p) {
+    return DeliveredThrough(p, 101 + kPages, 0);
+  })) << "delivery never caught up after the decision";
+  FaultPoints::CountHits(false);
+}
+
 // A delivery held for an operator whose event a correction then replaces: the hold goes
 // with the orphaned event, and the held event is never sent again (nobody decided to
 // retry it); the replacing events are delivered.

@@ -420,6 +420,7 @@ bool SourceWorker::DriveAttempt(PageAttempt* attempt, store::Stage stage) {
       case Kind::kNothingNew:
         return true;  // the caller backs off
       case Kind::kLostRace:
+        if (stage == store::Stage::kIngest) unpublished_writes_.Discard(ingest_page_seq_);
         return true;  // reread the checkpoint
       case Kind::kCrashed:
         CrashAtFaultPoint();

@@ -20,6 +20,11 @@ void UnpublishedWrites::Published(uint64_t page_seq) {
   while (!pending_.empty() && pending_.front().first <= page_seq) pending_.pop_front();
 }
 
+void UnpublishedWrites::Discard(uint64_t page_seq) {
+  absl::MutexLock lock(&mu_);
+  if (!pending_.empty() && pending_.back().first == page_seq) pending_.pop_back();
+}
+
 UnpublishedWrites::Cap UnpublishedWrites::Current() const {
   absl::MutexLock lock(&mu_);
   Cap cap;

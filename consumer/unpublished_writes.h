@@ -40,6 +40,9 @@ class UnpublishedWrites {
   void Note(uint64_t page_seq, Position low) ABSL_LOCKS_EXCLUDED(mu_);
   // Ingest: page `page_seq` and every page before it are published.
   void Published(uint64_t page_seq) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ingest: page `page_seq`'s attempt ended without committing its barrier (a lost race):
+  // it left no unsynced write (only a barrier's step is deferred), so its notes go.
+  void Discard(uint64_t page_seq) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Delivery: the cap now, before a read.
   Cap Current() const ABSL_LOCKS_EXCLUDED(mu_);

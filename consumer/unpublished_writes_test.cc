@@ -22,6 +22,17 @@ TEST(UnpublishedWritesTest, TheCapIsTheLowestWriteOfAPageNotYetPublished) {
   EXPECT_FALSE(w.Current().below.has_value());
 }
 
+TEST(UnpublishedWritesTest, ADiscardedPageNoLongerCaps) {
+  UnpublishedWrites w;
+  w.Note(4, Position{120, 0});
+  w.Note(5, Position{100, 0});
+  w.Discard(5);  // its attempt lost a race: nothing of it was written unsynced
+  ASSERT_TRUE(w.Current().below.has_value());
+  EXPECT_EQ(*w.Current().below, (Position{120, 0}));
+  w.Discard(9);  // not noted: nothing changes
+  EXPECT_EQ(*w.Current().below, (Position{120, 0}));
+}
+
 TEST(UnpublishedWritesTest, AReadDuringWhichAWriteWasNotedIsNotUnchanged) {
   UnpublishedWrites w;
   const UnpublishedWrites::Cap before = w.Current();

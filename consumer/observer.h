@@ -35,6 +35,12 @@ class EngineObserver {
                              absl::string_view reason) {}
   // An error worth logging (never contains a secret).
   virtual void OnError(absl::string_view source_id, const absl::Status& status) {}
+  // The source was deleted: called by DeleteSource once the deletion is durable, while no
+  // worker of the source runs and before a source of the same id can be created again
+  // (so no other callback for `source_id` runs meanwhile). An observer keeping state per
+  // source drops it here (metrics: the source's series), so that a source re-created
+  // under the same id starts fresh. Not called by RebuildSource (the source stays).
+  virtual void OnSourceDeleted(absl::string_view source_id) {}
 };
 
 }  // namespace handoff::consumer

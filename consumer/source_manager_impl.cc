@@ -561,6 +561,8 @@ absl::Status SourceManagerImpl::DeleteSource(absl::string_view id) {
   RETURN_IF_ERROR(StopLocked(id));
   RETURN_IF_ERROR(store_->DeleteSource(id));
   board_.Remove(id);
+  // Durable and joined; under source_op, so a CreateSource of the same id comes after.
+  if (options_.observer != nullptr) options_.observer->OnSourceDeleted(id);
   return absl::OkStatus();
 }
 

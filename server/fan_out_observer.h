@@ -38,6 +38,9 @@ class FanOutObserver final : public consumer::EngineObserver {
   void OnError(absl::string_view source_id, const absl::Status& status) override {
     for (auto* o : observers_) o->OnError(source_id, status);
   }
+  void OnSourceDeleted(absl::string_view source_id) override {
+    for (auto* o : observers_) o->OnSourceDeleted(source_id);
+  }
 
  private:
   const std::vector<consumer::EngineObserver*> observers_;

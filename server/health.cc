@@ -72,10 +72,12 @@ void HealthReporter::Refresh() {
     set(progress.source_id(), store.ok() && SourceServing(progress.state()));
     seen.insert(progress.source_id());
   }
+  // A source reported before and gone now was deleted: NOT_SERVING, once (gRPC keeps
+  // the status), then forgotten, so that passes do not grow with every id ever deleted.
   for (const std::string& id : reported_) {
-    if (!seen.contains(id)) set(id, false);  // deleted
+    if (!seen.contains(id)) set(id, false);
   }
-  reported_.insert(seen.begin(), seen.end());
+  reported_ = std::move(seen);
 }
 
 }  // namespace handoff::server

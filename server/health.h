@@ -11,8 +11,10 @@
 //    STOPPED and STOPPING (not advancing by request), BLOCKED_ON_HOLD (waiting for an
 //    operator's ResolveHold), and the halted states (RESYNC_REQUIRED, FUNDING_REQUIRED,
 //    AUTH_FAILED, CONFIG_INVALID, PROTOCOL_VIOLATION, STORAGE_FAILED). A deleted source
-//    reports NOT_SERVING until restart (gRPC's default health service cannot forget a
-//    name); an id never seen is NOT_FOUND.
+//    is set NOT_SERVING by the next pass, once, and the reporter forgets it; gRPC's
+//    default health service cannot forget a name, so the name answers NOT_SERVING until
+//    restart (an id never seen is NOT_FOUND). A source created again under the id
+//    reports its own state from the next pass on.
 //
 // Statuses are refreshed by one ticker thread every `interval` (absl::Notification
 // wait, not a busy loop), reading SourceManager::AllProgress() and the store's health.
@@ -85,6 +87,7 @@ class HealthReporter {
   std::thread ticker_;  // touched only by Start/Stop (the owner's thread)
 
   absl::Mutex mu_;
+  // The sources of the last pass (a deleted one is marked NOT_SERVING once, then dropped).
   absl::flat_hash_set<std::string> reported_ ABSL_GUARDED_BY(mu_);
   bool store_ok_ ABSL_GUARDED_BY(mu_) = true;
 };

@@ -18,6 +18,7 @@ class RecordingHealth final : public grpc::HealthCheckServiceInterface {
  public:
   void SetServingStatus(const std::string& name, bool serving) override {
     absl::MutexLock lock(&mu_);
+    ++sets_[name];
     if (!shut_down_) status_[name] = serving;
   }
   void SetServingStatus(bool serving) override {
@@ -33,10 +34,16 @@ class RecordingHealth final : public grpc::HealthCheckServiceInterface {
     absl::MutexLock lock(&mu_);
     return status_;
   }
+  // How many times the status of `name` was set.
+  int sets(const std::string& name) {
+    absl::MutexLock lock(&mu_);
+    return sets_[name];
+  }
 
  private:
   absl::Mutex mu_;
   std::map<std::string, bool> status_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> sets_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -125,6 +132,32 @@ TEST_F(HealthReporterTest, UnusableStoreMakesEverythingNotServing) {
 
 TEST_F(HealthReporterTest, DeletedSourceBecomesNotServing) {
   Create("gone", handoff::v1::SOURCE_STATE_RUNNING);
+  reporter_.Refresh();
+  EXPECT_TRUE(health_.status()["gone"]);
+  ASSERT_TRUE(manager_.StopSource("gone").ok());
+  ASSERT_TRUE(manager_.DeleteSource("gone").ok());
+  reporter_.Refresh();
+  EXPECT_FALSE(health_.status()["gone"]);
+}
+
+// A deleted source's name is set NOT_SERVING once, then forgotten by the reporter: no
+// pass re-asserts a ghost (gRPC's health service keeps the name as NOT_SERVING until
+// restart; it cannot forget one). A source re-created under the id reports its own state.
+TEST_F(HealthReporterTest, DeletedSourceIsMarkedOnceThenForgottenAndMayComeBack) {
+  Create("gone", handoff::v1::SOURCE_STATE_RUNNING);
+  Create("kept", handoff::v1::SOURCE_STATE_RUNNING);
+  reporter_.Refresh();
+  ASSERT_TRUE(manager_.StopSource("gone").ok());
+  ASSERT_TRUE(manager_.DeleteSource("gone").ok());
+  reporter_.Refresh();
+  EXPECT_FALSE(health_.status()["gone"]);
+  const int sets = health_.sets("gone");
+  reporter_.Refresh();
+  reporter_.Refresh();
+  EXPECT_EQ(health_.sets("gone"), sets) << "a deleted source is re-reported on every pass";
+  EXPECT_EQ(health_.sets("kept"), 4);
+
+  Create("gone", handoff::v1::SOURCE_STATE_STARTING);
   reporter_.Refresh();
   EXPECT_TRUE(health_.status()["gone"]);
   ASSERT_TRUE(manager_.StopSource("gone").ok());

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "prometheus/client_metric.h"
+#include "prometheus/labels.h"
 #include "prometheus/metric_family.h"
 
 namespace handoff::server {
@@ -47,21 +48,29 @@ void AddSample(MetricFamily* family, std::vector<ClientMetric::Label> labels, do
   family->metric.push_back(std::move(metric));
 }
 
+// The refusal codes RefusalCodeLabel keeps as they are.
+constexpr absl::string_view kRefusalCodes[] = {
+    // The provider contract's refusal table.
+    "chain_unavailable", "rate_limited", "resync_required", "cursor_mismatch",
+    "invalid_request", "unauthorized", "forbidden", "payment_required", "insufficient_credit",
+    // Handoff's own (consumer/provider/http_provider.cc; the worker's "network" for a
+    // refusal without a code). One missing here only counts as "other".
+    "network", "timeout", "closed", "internal", "cancelled", "empty_cursor", "bad_url",
+    "page_too_large", "malformed_page", "not_event_stream", "sse_silence", "stream_closed"};
+
+// Removes the series of `family` with exactly `labels`, if there is one (`args`: what
+// Family::Add passes to a new metric's constructor, unused when the series exists).
+template <typename T, typename... Args>
+void RemoveSeries(prometheus::Family<T>& family, const prometheus::Labels& labels,
+                  const Args&... args) {
+  if (family.Has(labels)) family.Remove(&family.Add(labels, args...));
+}
+
 }  // namespace
 
 absl::string_view RefusalCodeLabel(absl::string_view code) {
-  static constexpr absl::string_view kLabels[] = {
-      // The provider contract's refusal table.
-      "chain_unavailable", "rate_limited", "resync_required", "cursor_mismatch",
-      "invalid_request", "unauthorized", "forbidden", "payment_required",
-      "insufficient_credit",
-      // Handoff's own (consumer/provider/http_provider.cc; the worker's "network" for a
-      // refusal without a code). One missing here only counts as "other".
-      "network", "timeout", "closed", "internal", "cancelled", "empty_cursor", "bad_url",
-      "page_too_large", "malformed_page", "not_event_stream", "sse_silence",
-      "stream_closed"};
   if (code.empty()) return code;
-  for (absl::string_view label : kLabels) {
+  for (absl::string_view label : kRefusalCodes) {
     if (code == label) return label;
   }
   return "other";
@@ -119,6 +128,23 @@ void MetricsObserver::OnCorrection(absl::string_view source_id, uint64_t depth) 
   corrections_.Add({{"source", Str(source_id)}}).Increment();
   correction_depth_.Add({{"source", Str(source_id)}}, DepthBuckets())
       .Observe(static_cast<double>(depth));
+}
+
+void MetricsObserver::OnSourceDeleted(absl::string_view source_id) {
+  const std::string id = Str(source_id);
+  const prometheus::Labels source = {{"source", id}};
+  RemoveSeries(pages_committed_, source);
+  RemoveSeries(events_committed_, source);
+  RemoveSeries(commit_latency_, source, LatencyBuckets());
+  RemoveSeries(retries_, source);
+  RemoveSeries(corrections_, source);
+  RemoveSeries(correction_depth_, source, DepthBuckets());
+  // Every code RefusalCodeLabel may answer (a bounded set).
+  RemoveSeries(refusals_, {{"source", id}, {"code", ""}});
+  RemoveSeries(refusals_, {{"source", id}, {"code", "other"}});
+  for (absl::string_view code : kRefusalCodes) {
+    RemoveSeries(refusals_, {{"source", id}, {"code", Str(code)}});
+  }
 }
 
 ProgressCollector::ProgressCollector(consumer::SourceManager* manager,

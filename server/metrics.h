@@ -4,12 +4,16 @@
 //  * MetricsObserver counts what the engine reports as it happens (EngineObserver
 //    hooks): pages committed, commit latency, provider refusals by code (a bounded set:
 //    RefusalCodeLabel), retries, corrections and their depth. These are process-lifetime
-//    counters.
+//    counters per source: a deleted source's series leave every family
+//    (OnSourceDeleted), so that /metrics stops exporting it and a source later created
+//    under the same id counts from zero; a RebuildSource keeps them (the same source in
+//    this process: a counter only grows while its source exists).
 //  * ProgressCollector is read on every scrape from SourceManager::AllProgress(): the
 //    durable per-source counters (events applied, replayed, ignored, quarantined,
 //    delivered), open holds, the applied position, safe/finalized marks, tip, lag and the
 //    worker state (one 0/1 series per state), plus the store's health and memory
-//    (memtables, block cache: what store::StoreMemoryCeiling caps).
+//    (memtables, block cache: what store::StoreMemoryCeiling caps). A deleted source is
+//    gone at the next scrape; a rebuilt one shows its reset checkpoint and counters.
 // Every per-source series carries the label source="<id>". Nothing secret is exported.
 //
 // Thread-safe (prometheus-cpp metrics are; the collector only reads the core).
@@ -55,6 +59,9 @@ class MetricsObserver final : public consumer::EngineObserver {
   void OnRefusal(absl::string_view source_id, absl::string_view code) override;
   void OnRetry(absl::string_view source_id) override;
   void OnCorrection(absl::string_view source_id, uint64_t depth) override;
+  // Removes every series of the source from every family. REQUIRES (the manager
+  // ensures it): no other callback for `source_id` runs meanwhile.
+  void OnSourceDeleted(absl::string_view source_id) override;
 
  private:
   // Constant after construction (the families are owned by the registry).

@@ -79,6 +79,83 @@ TEST(MetricsObserverTest, RefusalCodesOutsideTheContractAreOther) {
   EXPECT_EQ(RefusalCodeLabel("cursor_mismatch"), "cursor_mismatch");
 }
 
+// Every series with source="<id>" in `text`, one per line.
+std::vector<std::string> SeriesOf(const std::string& text, const std::string& id) {
+  std::vector<std::string> out;
+  const std::string label = absl::StrCat("source=\"", id, "\"");
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(start, end - start);
+    if (!line.empty() && line[0] != '#' && line.find(label) != std::string::npos) {
+      out.push_back(line);
+    }
+    start = end + 1;
+  }
+  return out;
+}
+
+// A deleted source's series leave every family (a halted or stale source must not stay
+// on dashboards), the other sources' stay, and a source re-created under the same id
+// counts from zero.
+TEST(MetricsObserverTest, DeletedSourceLeavesEveryFamilyAndARecreatedOneStartsAtZero) {
+  prometheus::Registry registry;
+  MetricsObserver observer(&registry);
+  for (const std::string id : {"gone", "kept"}) {
+    observer.OnPageCommitted(id);
+    observer.OnPageCommitted(id);
+    observer.OnCommit(id, 10, absl::Milliseconds(3));
+    observer.OnRefusal(id, "rate_limited");
+    observer.OnRefusal(id, "");
+    observer.OnRefusal(id, "made_up");
+    observer.OnRetry(id);
+    observer.OnCorrection(id, 5);
+  }
+  const std::vector<std::string> kept_before = SeriesOf(Scrape(registry), "kept");
+  ASSERT_FALSE(SeriesOf(Scrape(registry), "gone").empty());
+
+  observer.OnSourceDeleted("gone");
+  std::string text = Scrape(registry);
+  EXPECT_EQ(SeriesOf(text, "gone"), std::vector<std::string>{}) << text;
+  EXPECT_EQ(SeriesOf(text, "kept"), kept_before);
+  observer.OnSourceDeleted("never_seen");  // nothing to remove: no effect
+  EXPECT_EQ(Scrape(registry), text);
+
+  observer.OnPageCommitted("gone");
+  observer.OnRefusal("gone", "rate_limited");
+  text = Scrape(registry);
+  EXPECT_NE(text.find("handoff_pages_committed_total{source=\"gone\"} 1\n"), std::string::npos)
+      << text;
+  EXPECT_NE(
+      text.find("handoff_provider_refusals_total{code=\"rate_limited\",source=\"gone\"} 1\n"),
+      std::string::npos);
+  EXPECT_EQ(SeriesOf(text, "gone").size(), 2u) << text;
+}
+
+// What ProgressCollector exports is read from the manager on each scrape: a deleted
+// source is gone at the next scrape.
+TEST(ProgressCollectorTest, DeletedSourceIsGoneAtTheNextScrape) {
+  testing::FakeSourceManager manager;
+  handoff::v1::CreateSourceRequest request;
+  request.mutable_spec()->set_id("gone");
+  request.mutable_spec()->set_provider_url("http://x");
+  ASSERT_TRUE(manager.CreateSource(request).ok());
+  handoff::v1::Progress p;
+  p.set_source_id("gone");
+  p.set_state(handoff::v1::SOURCE_STATE_AUTH_FAILED);
+  p.mutable_counters()->set_applied(42);
+  ASSERT_TRUE(manager.SetProgress(p).ok());
+  ProgressCollector collector(&manager, [] { return absl::OkStatus(); });
+  ASSERT_NE(Scrape(collector).find(
+                "handoff_source_state{source=\"gone\",state=\"SOURCE_STATE_AUTH_FAILED\"} 1"),
+            std::string::npos);
+  ASSERT_TRUE(manager.DeleteSource("gone").ok());
+  const std::string text = Scrape(collector);
+  EXPECT_EQ(SeriesOf(text, "gone"), std::vector<std::string>{}) << text;
+  EXPECT_NE(text.find("handoff_sources 0"), std::string::npos) << text;
+}
+
 TEST(ProgressCollectorTest, ExportsDurableFiguresPerSource) {
   testing::FakeSourceManager manager;
   handoff::v1::CreateSourceRequest request;

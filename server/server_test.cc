@@ -61,6 +61,22 @@ grpc::Status HealthCheck(const std::shared_ptr<grpc::Channel>& channel, const st
   return grpc::internal::BlockingUnaryCall(channel.get(), method, &context, request, response);
 }
 
+// Records the sources deleted.
+class DeletionLog final : public consumer::EngineObserver {
+ public:
+  void OnSourceDeleted(absl::string_view id) override { deleted.emplace_back(id); }
+  std::vector<std::string> deleted;
+};
+
+// handoffd's observer (metrics and logs) passes a deletion on to each of its observers.
+TEST(FanOutObserverTest, ForwardsADeletionToEveryObserver) {
+  DeletionLog a, b;
+  FanOutObserver fan_out({&a, &b});
+  fan_out.OnSourceDeleted("gone");
+  EXPECT_EQ(a.deleted, std::vector<std::string>{"gone"});
+  EXPECT_EQ(b.deleted, std::vector<std::string>{"gone"});
+}
+
 TEST(ServerTest, ServesAdminHealthAndMetricsThenShutsDownAndReleasesTheStore) {
   ServerOptions options = TestOptions("serve");
   options.port_file = TempDir("serve.port");

@@ -7,10 +7,12 @@
 #include <algorithm>
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
@@ -1433,6 +1435,54 @@ TEST_F(ManagerTest, AnOldHaltDoesNotComeBackAsTheStateOfAStoppedSource) {
   EXPECT_FALSE(s->progress().has_last_error()) << s->DebugString();
   EXPECT_EQ(s->progress().funding_action(), "");
   EXPECT_EQ(s->progress().checkpoint().resume_cursor(), "c1");
+}
+
+// Records OnSourceDeleted calls, running `check` in each.
+class DeletionLog : public consumer::EngineObserver {
+ public:
+  explicit DeletionLog(std::function<void(absl::string_view)> check) : check_(std::move(check)) {}
+  void OnSourceDeleted(absl::string_view source_id) override {
+    check_(source_id);
+    absl::MutexLock lock(&mu_);
+    deleted_.emplace_back(source_id);
+  }
+  std::vector<std::string> deleted() {
+    absl::MutexLock lock(&mu_);
+    return deleted_;
+  }
+
+ private:
+  const std::function<void(absl::string_view)> check_;
+  absl::Mutex mu_;
+  std::vector<std::string> deleted_;
+};
+
+// Observers are told of a deletion (metrics drop the source's series) once it is done:
+// the record is gone from the store and the source from AllProgress. A refused deletion
+// and a rebuild tell nothing.
+TEST_F(ManagerTest, ObserversAreToldOfADeletionOnceItIsDone) {
+  DeletionLog log([this](absl::string_view id) {
+    EXPECT_EQ(store_->GetSource(id).status().code(), absl::StatusCode::kNotFound) << id;
+    for (const handoff::v1::Progress& p : manager_->AllProgress()) {
+      EXPECT_NE(p.source_id(), id);
+    }
+  });
+  observer_ = &log;
+  Restart();
+  providers_["d"].SetPage("100", MakePage(100, 100, {MakeRow(100)}, "c1"));
+  ASSERT_TRUE(Create(Spec("d"), true).ok());
+  WaitForCursor("d", "c1");
+  EXPECT_EQ(manager_->DeleteSource("d").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(manager_->DeleteSource("zz").code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(manager_->StopSource("d").ok());
+  handoff::v1::RebuildSourceRequest rebuild;
+  rebuild.set_source_id("d");
+  rebuild.set_from_block(100);
+  ASSERT_TRUE(manager_->RebuildSource(rebuild).ok());
+  EXPECT_EQ(log.deleted(), std::vector<std::string>{});
+  ASSERT_TRUE(manager_->DeleteSource("d").ok());
+  EXPECT_EQ(log.deleted(), std::vector<std::string>{"d"});
+  manager_.reset();
 }
 
 // A watcher of a deleted source is told so (NOT_FOUND, as WatchProgress promises), also

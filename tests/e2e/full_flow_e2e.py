@@ -12,12 +12,10 @@ or applied twice: the rows equal the simulator's canonical chain, the sink recor
 idempotency key once, and no secret appears in a log or a reply.
 """
 
-import argparse
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 
@@ -50,13 +48,7 @@ def rows(client, admin, source_id):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    for flag in ("handoffd", "provider_sim", "sample_sink", "proto_dir"):
-        p.add_argument("--" + flag, required=True)
-    a = p.parse_args()
-    work = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-    e2e.generate_stubs(a.proto_dir, work, sink_proto_dir=os.path.join(
-        os.path.dirname(os.path.abspath(a.proto_dir)), "sim", "sample_sink"))
+    a, work = e2e.procs.setup_sink_test()
     import grpc
     from handoff.v1 import consumer_admin_pb2 as admin, source_pb2 as src
     import sample_sink_admin_pb2 as sink_admin

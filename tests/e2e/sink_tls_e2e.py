@@ -13,10 +13,8 @@ client without its certificate retries (BACKING_OFF) instead of delivering; that
 without TLS is refused as INVALID_ARGUMENT; and that the token is in no reply or log.
 """
 
-import argparse
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import handoffd_e2e as e2e  # noqa: E402  (shared helpers: stubs, certificates, procs)
@@ -27,13 +25,7 @@ START = 100
 
 
 def main():
-    p = argparse.ArgumentParser()
-    for flag in ("handoffd", "provider_sim", "sample_sink", "proto_dir"):
-        p.add_argument("--" + flag, required=True)
-    a = p.parse_args()
-    work = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-    e2e.generate_stubs(a.proto_dir, work, sink_proto_dir=os.path.join(
-        os.path.dirname(os.path.abspath(a.proto_dir)), "sim", "sample_sink"))
+    a, work = e2e.procs.setup_sink_test()
     import grpc
     from handoff.v1 import consumer_admin_pb2 as admin, source_pb2 as src
     import sample_sink_admin_pb2_grpc as sink_admin_grpc

@@ -564,6 +564,26 @@ TEST(HostileProviderTest, EndlessErrorBody) {
   }
 }
 
+// A scripted server that answers every connection with the response last Set().
+class CannedServer {
+ public:
+  CannedServer() : server_([this](ScriptedServer::Conn& c) { c.Send(Response()); }) {}
+  void Set(std::string response) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    response_ = std::move(response);
+  }
+  ScriptedServer& server() { return server_; }
+
+ private:
+  std::string Response() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return response_;
+  }
+  absl::Mutex mu_;
+  std::string response_ ABSL_GUARDED_BY(mu_);
+  ScriptedServer server_;  // last: stopped before the response goes
+};
+
 // Garbage where a status line belongs, and absurd Content-Lengths: transient failures.
 TEST(HostileProviderTest, BrokenResponses) {
   const std::vector<std::string> responses = {
@@ -574,18 +594,11 @@ TEST(HostileProviderTest, BrokenResponses) {
       "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffffffff\r\n",
       "",
   };
-  std::string response;
-  absl::Mutex mu;
-  ScriptedServer server([&](ScriptedServer::Conn& c) {
-    absl::MutexLock lock(&mu);
-    c.Send(response);
-  });
-  std::unique_ptr<HttpProvider> p = Make(Options(server, handoff::v1::TRANSPORT_POLL));
+  CannedServer canned;
+  std::unique_ptr<HttpProvider> p =
+      Make(Options(canned.server(), handoff::v1::TRANSPORT_POLL));
   for (const std::string& resp : responses) {
-    {
-      absl::MutexLock lock(&mu);
-      response = resp;
-    }
+    canned.Set(resp);
     FetchResult r = p->Fetch("1200");
     SCOPED_TRACE(resp.substr(0, 40) + " -> " + Describe(r));
     ASSERT_TRUE(r.refusal.has_value());
@@ -764,29 +777,19 @@ TEST(HostileProviderTest, InterimResponsesAreNotTheAnswer) {
       "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\n"
       "Content-Type: text/event-stream\r\nRetry-After: 99\r\nLink: </x>\r\n\r\n",
   };
-  std::string response;
-  absl::Mutex mu;
-  ScriptedServer server([&](ScriptedServer::Conn& c) {
-    absl::MutexLock lock(&mu);
-    c.Send(response);
-  });
-  std::unique_ptr<HttpProvider> p = Make(Options(server, handoff::v1::TRANSPORT_POLL));
+  CannedServer canned;
+  std::unique_ptr<HttpProvider> p =
+      Make(Options(canned.server(), handoff::v1::TRANSPORT_POLL));
   for (const std::string& interim : interims) {
     SCOPED_TRACE(interim);
-    {
-      absl::MutexLock lock(&mu);
-      response = interim + ResponseHead("409 Conflict", "application/json", resync.size()) + resync;
-    }
+    canned.Set(interim + ResponseHead("409 Conflict", "application/json", resync.size()) + resync);
     FetchResult r = p->Fetch("1200");
     SCOPED_TRACE(Describe(r));
     ASSERT_TRUE(r.refusal.has_value());
     EXPECT_EQ(r.refusal->kind, RefusalKind::kResyncRequired);
     EXPECT_EQ(r.refusal->http_status, 409);
     EXPECT_EQ(r.refusal->retry_after, std::nullopt);
-    {
-      absl::MutexLock lock(&mu);
-      response = interim + ResponseHead("200 OK", "application/json", page.size()) + page;
-    }
+    canned.Set(interim + ResponseHead("200 OK", "application/json", page.size()) + page);
     r = p->Fetch("1200");
     SCOPED_TRACE(Describe(r));
     ASSERT_TRUE(r.page.has_value());

@@ -9,12 +9,14 @@ Nothing here sleeps to synchronise: every wait polls an observable condition (a 
 file, an RPC answer, a process exit) against a deadline.
 """
 
+import argparse
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -42,6 +44,21 @@ def wait_until(what, predicate, timeout_s=RPC_TIMEOUT_S, poll_s=POLL_S):
         if time.monotonic() > deadline:
             raise Timeout("timed out after %.0fs waiting for %s" % (timeout_s, what))
         time.sleep(poll_s)
+
+
+def setup_sink_test():
+    """The common start of a test that runs handoffd, the provider simulator and the
+    sample sink: parses --handoffd, --provider_sim, --sample_sink and --proto_dir, makes a
+    work directory under TEST_TMPDIR and generates the stubs there (the sample sink's
+    admin service's too). Returns (args, work)."""
+    p = argparse.ArgumentParser()
+    for flag in ("handoffd", "provider_sim", "sample_sink", "proto_dir"):
+        p.add_argument("--" + flag, required=True)
+    a = p.parse_args()
+    work = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
+    generate_stubs(a.proto_dir, work, sink_proto_dir=os.path.join(
+        os.path.dirname(os.path.abspath(a.proto_dir)), "sim", "sample_sink"))
+    return a, work
 
 
 def generate_stubs(proto_dir, out_dir, sink_proto_dir=None):

@@ -24,7 +24,7 @@ size_t DefaultMaxPagesInFlight() {
 }
 
 consumer::Factories ProductionFactories(size_t max_pages_in_flight, bool adaptive_page_slots,
-                                        ApiKeyPolicy api_keys) {
+                                        ApiKeyPolicy api_keys, size_t max_page_bytes) {
   consumer::Factories factories;
   // One pool for every source's polled requests: caught-up sources share a few warm
   // connections instead of reconnecting at each poll (consumer/provider/curl_session.h).
@@ -34,7 +34,8 @@ consumer::Factories ProductionFactories(size_t max_pages_in_flight, bool adaptiv
   budget_options.slots = std::max<size_t>(1, max_pages_in_flight);
   if (adaptive_page_slots) budget_options.adaptive_min = kMinAdaptivePageSlots;
   auto budget = consumer::PageBudget::Create(std::move(budget_options));
-  factories.provider = [pool, budget, api_keys](const handoff::v1::SourceSpec& spec)
+  factories.provider = [pool, budget, api_keys,
+                        max_page_bytes](const handoff::v1::SourceSpec& spec)
       -> absl::StatusOr<std::unique_ptr<consumer::Provider>> {
     absl::StatusOr<std::string> key = ResolveApiKey(spec, api_keys);
     if (!key.ok()) return key.status();
@@ -42,6 +43,7 @@ consumer::Factories ProductionFactories(size_t max_pages_in_flight, bool adaptiv
     options.api_key = *std::move(key);
     options.session_pool = pool;
     options.page_budget = budget;
+    options.max_page_bytes = max_page_bytes;
     return consumer::MakeHttpProvider(std::move(options));
   };
   factories.page_budget = budget;

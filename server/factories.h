@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "consumer/source_manager.h"
 #include "server/api_keys.h"
+#include "server/options.h"
 
 namespace handoff::server {
 
@@ -45,9 +46,12 @@ inline constexpr size_t kMinAdaptivePageSlots = 3;
 // one pool of warm connections. With `adaptive_page_slots` (--adaptive_page_slots), the
 // slots in use adapt between kMinAdaptivePageSlots and `max_pages_in_flight` to the
 // latency of the fetches (consumer/slot_limit.h). Provider keys are read under `api_keys`.
+// Every source's provider refuses a page above `max_page_bytes` (--max_page_bytes;
+// HttpProviderOptions::max_page_bytes, at least 1024) as page_too_large.
 consumer::Factories ProductionFactories(size_t max_pages_in_flight,
                                         bool adaptive_page_slots = true,
-                                        ApiKeyPolicy api_keys = {});
+                                        ApiKeyPolicy api_keys = {},
+                                        size_t max_page_bytes = kDefaultMaxPageBytes);
 
 // consumer::SourceManager::Create.
 absl::StatusOr<std::unique_ptr<consumer::SourceManager>> CreateProductionSourceManager(

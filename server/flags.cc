@@ -70,6 +70,13 @@ ABSL_FLAG(int, max_pages_in_flight, static_cast<int>(handoff::server::DefaultMax
           "page memory is bounded by this, not by the number of sources. Sources wait "
           "for a page slot first come, first served; a source's prefetch uses a slot "
           "only when one is free.");
+ABSL_FLAG(int, max_page_bytes, static_cast<int>(handoff::server::kDefaultMaxPageBytes),
+          "Largest page a source accepts from its provider, in bytes (65536..268435456, "
+          "default 64 MiB): a polled body (by its Content-Length, or once that many bytes "
+          "arrived) or an SSE frame above it (and 4 KiB of framing) is refused as a "
+          "malformed page (page_too_large: retried, then the source halts as "
+          "PROTOCOL_VIOLATION; lower its page_limit). It caps b of the memory bound "
+          "(README, Memory): set it to the largest page the memory limit was sized for.");
 ABSL_FLAG(bool, adaptive_page_slots, true,
           "Adapt the page slots in use between 3 and --max_pages_in_flight to the latency "
           "of the fetches (TCP Vegas's rule): more while more pages in flight do not make "
@@ -101,6 +108,13 @@ ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(30),
           "(recovered at the next start, as after a crash).");
 
 namespace handoff::server {
+namespace {
+
+// --max_page_bytes: 64 KiB (about 80 logs) .. 256 MiB.
+constexpr int kMinMaxPageBytes = 64 << 10;
+constexpr int kMaxMaxPageBytes = 256 << 20;
+
+}  // namespace
 
 absl::StatusOr<ServerOptions> OptionsFromFlags() {
   ServerOptions options;
@@ -179,12 +193,19 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_pages_in_flight=", pages_in_flight, " is outside 1..4096"));
   }
+  const int max_page_bytes = absl::GetFlag(FLAGS_max_page_bytes);
+  if (max_page_bytes < kMinMaxPageBytes || max_page_bytes > kMaxMaxPageBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_page_bytes=", max_page_bytes,
+                                                   " is outside ", kMinMaxPageBytes, "..",
+                                                   kMaxMaxPageBytes));
+  }
+  options.max_page_bytes = static_cast<size_t>(max_page_bytes);
   ApiKeyPolicy api_keys;
   api_keys.dir = absl::GetFlag(FLAGS_api_key_dir);
   api_keys.env_prefix = absl::GetFlag(FLAGS_api_key_env_prefix);
   options.factories = ProductionFactories(static_cast<size_t>(pages_in_flight),
                                           absl::GetFlag(FLAGS_adaptive_page_slots),
-                                          std::move(api_keys));
+                                          std::move(api_keys), options.max_page_bytes);
   return options;
 }
 

@@ -16,6 +16,8 @@
 //   --max_sources=10000         RESOURCE_EXHAUSTED beyond it
 //   --max_message_bytes=4194304 largest request accepted
 //   --max_watchers=256          concurrent WatchProgress streams
+//   --max_page_bytes=67108864   largest page (poll body, SSE frame) a source accepts
+//                               (65536..268435456; page_too_large above it)
 //   --shutdown_grace=30s        bound of a graceful shutdown (server.h)
 //
 // Thread-compatible: call after absl::ParseCommandLine, from main.

@@ -3,6 +3,7 @@
 #ifndef HANDOFF_SERVER_OPTIONS_H_
 #define HANDOFF_SERVER_OPTIONS_H_
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
@@ -18,6 +19,9 @@ namespace handoff::server {
 using SourceManagerFactory =
     std::function<absl::StatusOr<std::unique_ptr<consumer::SourceManager>>(
         consumer::SourceManagerOptions)>;
+
+// HttpProviderOptions::max_page_bytes's default (flags_test checks they agree).
+inline constexpr size_t kDefaultMaxPageBytes = size_t{64} << 20;
 
 struct ServerOptions {
   // ---- gRPC ----
@@ -62,6 +66,12 @@ struct ServerOptions {
   int max_sources = 10000;
   // Worker tuning: thread priority, idle polling (flags worker_nice, idle_poll_max).
   consumer::WorkerOptions worker;
+  // The largest page the provider adapter accepts (--max_page_bytes): a polled body or
+  // SSE frame above it (a frame: and 4 KiB of framing) is refused as page_too_large
+  // (consumer/provider/http_provider.h). It caps `b` of the memory bound (README,
+  // "Memory"). Enforced by the provider factory in `factories` (flags.cc builds both from
+  // the flag); the server only logs it at start.
+  size_t max_page_bytes = kDefaultMaxPageBytes;
 
   // ---- Observability ----
   std::string metrics_listen;  // host:port of /metrics; empty: no metrics endpoint

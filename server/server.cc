@@ -141,7 +141,8 @@ absl::Status Server::Build() {
                   absl::StrCat(store::StoreMemoryCeiling(store_options) >> 20)},
                  {"page_slots", options_.factories.page_budget != nullptr
                                     ? absl::StrCat(options_.factories.page_budget->slots())
-                                    : "uncapped"}});
+                                    : "uncapped"},
+                 {"max_page_bytes", absl::StrCat(options_.max_page_bytes)}});
 
   registry_ = std::make_shared<prometheus::Registry>();
   metrics_observer_ = std::make_unique<MetricsObserver>(registry_.get());

@@ -3,6 +3,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -38,6 +39,7 @@ class ScriptedProvider {
     std::string body;
     std::string content_type = "application/json";
     std::string retry_after;  // the Retry-After header, when not empty
+    bool chunked = false;     // sent in chunks without a Content-Length
   };
 
   ScriptedProvider() {
@@ -52,7 +54,17 @@ class ScriptedProvider {
       }
       if (!answer.retry_after.empty()) res.set_header("Retry-After", answer.retry_after);
       res.status = answer.status;
-      res.set_content(answer.body, answer.content_type.c_str());
+      if (!answer.chunked) {
+        res.set_content(answer.body, answer.content_type.c_str());
+        return;
+      }
+      res.set_chunked_content_provider(
+          answer.content_type, [body = answer.body](size_t offset, httplib::DataSink& sink) {
+            const size_t n = std::min<size_t>(16 << 10, body.size() - offset);
+            if (n > 0 && !sink.write(body.data() + offset, n)) return false;
+            if (offset + n == body.size()) sink.done();
+            return true;
+          });
     };
     server_.Get("/v1/pages", handle);
     server_.Get("/v1/stream", handle);
@@ -719,6 +731,61 @@ TEST_F(HttpProviderTest, PageSizeLimitAbortsTheTransfer) {
     ASSERT_TRUE(r.refusal) << transport;
     EXPECT_EQ(r.refusal->kind, RefusalKind::kMalformedPage);
     EXPECT_EQ(r.refusal->code, "page_too_large");
+  }
+}
+
+// A page of 70000 bytes that the default cap (64 MiB) accepts: a lower max_page_bytes
+// refuses it as page_too_large, by its Content-Length or, sent in chunks, once the body
+// passes the cap; a cap of exactly its size accepts it. An SSE frame is allowed the cap
+// and 4 KiB of framing: 70000 data bytes pass 64 KiB + 4 KiB.
+TEST(HttpProviderScriptedTest, ALowerPageCapRefusesAPageTheDefaultAccepts) {
+  constexpr size_t kPageBytes = 70000;
+  ScriptedProvider server;
+  std::string page = ScriptedProvider::EmptyPage(10, "next").body;
+  page.resize(kPageBytes, ' ');  // JSON whitespace after the object
+  server.Set("length", {200, page});
+  server.Set("chunked", {200, page, "application/json", "", /*chunked=*/true});
+  server.Set("sse", {200, absl::StrCat("id: next\ndata: ", page, "\n\n"), "text/event-stream"});
+  struct Case {
+    handoff::v1::Transport transport;
+    std::string cursor;
+    size_t max_page_bytes;  // 0: the default
+    bool accepted;
+  };
+  const Case cases[] = {
+      {handoff::v1::TRANSPORT_POLL, "length", 0, true},
+      {handoff::v1::TRANSPORT_POLL, "length", kPageBytes, true},
+      {handoff::v1::TRANSPORT_POLL, "length", kPageBytes - 1, false},
+      {handoff::v1::TRANSPORT_POLL, "length", 64 << 10, false},
+      {handoff::v1::TRANSPORT_POLL, "chunked", 0, true},
+      {handoff::v1::TRANSPORT_POLL, "chunked", kPageBytes, true},
+      {handoff::v1::TRANSPORT_POLL, "chunked", kPageBytes - 1, false},
+      {handoff::v1::TRANSPORT_POLL, "chunked", 64 << 10, false},
+      {handoff::v1::TRANSPORT_SSE, "sse", 0, true},
+      {handoff::v1::TRANSPORT_SSE, "sse", 64 << 10, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(c.cursor, " under ", c.max_page_bytes));
+    HttpProviderOptions o = ScriptedOptions(server, c.transport);
+    ASSERT_EQ(o.max_page_bytes, size_t{64} << 20);
+    if (c.max_page_bytes != 0) o.max_page_bytes = c.max_page_bytes;
+    o.poll_prefetch = false;
+    absl::StatusOr<std::unique_ptr<HttpProvider>> p = HttpProvider::Create(o);
+    ASSERT_TRUE(p.ok()) << p.status();
+    FetchResult r = (*p)->Fetch(c.cursor);
+    if (c.accepted) {
+      ASSERT_TRUE(r.page.has_value()) << r.refusal->message;
+      EXPECT_EQ(r.page->next, "next");
+      continue;
+    }
+    ASSERT_TRUE(r.refusal.has_value());
+    EXPECT_EQ(r.refusal->kind, RefusalKind::kMalformedPage);
+    EXPECT_EQ(r.refusal->http_status, 200);
+    EXPECT_EQ(r.refusal->code, "page_too_large");
+    EXPECT_TRUE(absl::StrContains(r.refusal->message,
+                                  absl::StrCat("max_page_bytes (", c.max_page_bytes, ")")))
+        << r.refusal->message;
+    EXPECT_FALSE(HasFragmentOf(r.refusal->message, kToken, 6)) << r.refusal->message;
   }
 }
 

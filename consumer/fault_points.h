@@ -18,7 +18,9 @@
 // ledger.between_scans (ReceiptLedger::Load, between its outcome and hold scans);
 // delivery.early_answers_used and delivery.early_answers_dropped (PageAttempt, the
 // answers of a call sent ahead: see EarlyDelivery); delivery.idle (SourceWorker's
-// delivery loop found nothing deliverable and waits).
+// delivery loop found nothing deliverable and waits); delivery.woken (its wait on a hold
+// or a retry ended); delivery.read_below_gate_dropped (a read dropped because a write
+// below the gate was noted during it, UnpublishedWrites).
 //
 // Thread-safe.
 #ifndef HANDOFF_CONSUMER_FAULT_POINTS_H_

@@ -6,6 +6,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "consumer/fault_points.h"
 #include "gtest/gtest.h"
 #include "tests/provider/rig.h"
 
@@ -235,6 +237,46 @@ TEST_F(ProviderRigTest, TheHighestFinalizedMarkNeverDecreases) {
   Restart();
   check("after a second restart");
   ExpectRowsCanonical(id, 150, head());
+}
+
+// A source started at "latest", over each transport, whose worker is abandoned after its
+// first page arrived and before that page's barrier: the restarted worker asks the real
+// simulator for that page again by its start block (the cursor was pinned to it before
+// anything was applied), not for "latest", and the rows run from that block to the head.
+TEST_F(ProviderRigTest, AFirstPageFromLatestIsAskedForAgainByItsStartBlock) {
+  for (const handoff::v1::Transport transport :
+       {handoff::v1::TRANSPORT_POLL, handoff::v1::TRANSPORT_SSE}) {
+    const std::string id = transport == handoff::v1::TRANSPORT_POLL ? "latest-poll"
+                                                                    : "latest-sse";
+    SCOPED_TRACE(id);
+    handoff::v1::SourceSpec spec = Spec(id, transport, 0);
+    spec.mutable_start()->set_latest(true);
+    absl::Notification crashed;
+    consumer::FaultPoints::Arm("ingest.before_barrier", [&crashed] {
+      if (crashed.HasBeenNotified()) return false;
+      crashed.Notify();
+      return true;
+    });
+    Create(spec);
+    ASSERT_TRUE(crashed.WaitForNotificationWithTimeout(absl::Seconds(20)));
+    consumer::FaultPoints::DisarmAll();
+    const std::vector<FetchRecord> before = journal_.Of(id);
+    ASSERT_FALSE(before.empty());
+    EXPECT_EQ(before.front().cursor, "latest");
+    ASSERT_TRUE(before.front().is_page);
+    const uint64_t first = before.front().from;
+    Restart();
+    sim().chain().AddBlocks(5);
+    ASSERT_TRUE(WaitCaughtUp(id));
+    const std::vector<FetchRecord> after = journal_.Of(id);
+    ASSERT_GT(after.size(), before.size());
+    EXPECT_EQ(after[before.size()].cursor, absl::StrCat(first))
+        << "the restarted worker did not ask for the first page by its start block";
+    for (const FetchRecord& r : after) {
+      if (&r != &after.front()) EXPECT_NE(r.cursor, "latest");
+    }
+    ExpectRowsCanonical(id, first, head());
+  }
 }
 
 }  // namespace

@@ -78,6 +78,18 @@ class ManagerTest : public ::testing::Test {
     manager_.reset();
     store_.reset();
   }
+  // Starts Shutdown on `*thread` (`*shut` notified when it returns) and waits until the
+  // manager refuses new calls: from inside an operation, to race its end with shutdown.
+  void BeginShutdown(std::thread* thread, absl::Notification* shut) {
+    *thread = std::thread([this, shut] {
+      manager_->Shutdown();
+      shut->Notify();
+    });
+    while (manager_->CreateSource(handoff::v1::CreateSourceRequest()).status().code() !=
+           absl::StatusCode::kUnavailable) {
+      std::this_thread::yield();
+    }
+  }
   void Open() {
     store::StoreOptions so;
     so.path = dir_;
@@ -1067,14 +1079,7 @@ TEST_F(ManagerTest, AStartRacingShutdownIsRecordedForTheNextStartAndShutdownEnds
   on_provider_ = [&](const std::string&) {
     // Inside StartSource (which holds ops_mu_ shared): Shutdown starts, marks the manager
     // closed, and waits for this operation.
-    shutdown = std::thread([&] {
-      manager_->Shutdown();
-      shut.Notify();
-    });
-    while (manager_->CreateSource(handoff::v1::CreateSourceRequest()).status().code() !=
-           absl::StatusCode::kUnavailable) {
-      std::this_thread::yield();
-    }
+    BeginShutdown(&shutdown, &shut);
   };
   absl::StatusOr<handoff::v1::Source> started = manager_->StartSource("late");
   on_provider_ = nullptr;
@@ -1103,14 +1108,7 @@ TEST_F(ManagerTest, ARebuildRacingShutdownAnswersTheRebuildAndStartsAtTheNextSta
   std::thread shutdown;
   absl::Notification shut;
   on_rebuild_reset_ = [&] {
-    shutdown = std::thread([&] {
-      manager_->Shutdown();
-      shut.Notify();
-    });
-    while (manager_->CreateSource(handoff::v1::CreateSourceRequest()).status().code() !=
-           absl::StatusCode::kUnavailable) {
-      std::this_thread::yield();
-    }
+    BeginShutdown(&shutdown, &shut);
   };
   handoff::v1::RebuildSourceRequest rebuild;
   rebuild.set_source_id("rs");

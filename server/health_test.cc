@@ -134,14 +134,18 @@ TEST_F(HealthReporterTest, UnusableStoreMakesEverythingNotServing) {
 // pass re-asserts a ghost (gRPC's health service keeps the name as NOT_SERVING until
 // restart; it cannot forget one). A source re-created under the id reports its own state.
 TEST_F(HealthReporterTest, DeletedSourceIsMarkedOnceThenForgottenAndMayComeBack) {
+  // "gone", serving, is deleted: its name turns NOT_SERVING at the next pass.
+  auto delete_gone = [this] {
+    reporter_.Refresh();
+    EXPECT_TRUE(health_.status()["gone"]);
+    ASSERT_TRUE(manager_.StopSource("gone").ok());
+    ASSERT_TRUE(manager_.DeleteSource("gone").ok());
+    reporter_.Refresh();
+    EXPECT_FALSE(health_.status()["gone"]);
+  };
   Create("gone", handoff::v1::SOURCE_STATE_RUNNING);
   Create("kept", handoff::v1::SOURCE_STATE_RUNNING);
-  reporter_.Refresh();
-  EXPECT_TRUE(health_.status()["gone"]);
-  ASSERT_TRUE(manager_.StopSource("gone").ok());
-  ASSERT_TRUE(manager_.DeleteSource("gone").ok());
-  reporter_.Refresh();
-  EXPECT_FALSE(health_.status()["gone"]);
+  delete_gone();
   const int sets = health_.sets("gone");
   reporter_.Refresh();
   reporter_.Refresh();
@@ -149,12 +153,7 @@ TEST_F(HealthReporterTest, DeletedSourceIsMarkedOnceThenForgottenAndMayComeBack)
   EXPECT_EQ(health_.sets("kept"), 4);
 
   Create("gone", handoff::v1::SOURCE_STATE_STARTING);
-  reporter_.Refresh();
-  EXPECT_TRUE(health_.status()["gone"]);
-  ASSERT_TRUE(manager_.StopSource("gone").ok());
-  ASSERT_TRUE(manager_.DeleteSource("gone").ok());
-  reporter_.Refresh();
-  EXPECT_FALSE(health_.status()["gone"]);
+  delete_gone();
 }
 
 TEST_F(HealthReporterTest, StopFreezesNotServingAndIsSafeWithoutStart) {

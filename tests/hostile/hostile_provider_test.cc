@@ -229,44 +229,43 @@ TEST(HostileCorpusTest, EveryFileHasAnExpectation) {
   for (const auto& [f, e] : SseCases()) EXPECT_TRUE(std::ifstream(absl::StrCat(kCorpus, "/", f)).good()) << f;
 }
 
+// A scripted server that answers every connection with the response last Set().
+class CannedServer {
+ public:
+  CannedServer() : server_([this](ScriptedServer::Conn& c) { c.Send(Response()); }) {}
+  void Set(std::string response) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    response_ = std::move(response);
+  }
+  ScriptedServer& server() { return server_; }
+
+ private:
+  std::string Response() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return response_;
+  }
+  absl::Mutex mu_;
+  std::string response_ ABSL_GUARDED_BY(mu_);
+  ScriptedServer server_;  // last: stopped before the response goes
+};
+
 TEST(HostileProviderTest, PolledCorpus) {
-  std::string body;
-  absl::Mutex mu;
-  ScriptedServer server([&](ScriptedServer::Conn& c) {
-    std::string b;
-    {
-      absl::MutexLock lock(&mu);
-      b = body;
-    }
-    c.Send(ResponseHead("200 OK", "application/json", b.size()) + b);
-  });
-  std::unique_ptr<HttpProvider> p = Make(Options(server, handoff::v1::TRANSPORT_POLL));
+  CannedServer canned;
+  std::unique_ptr<HttpProvider> p =
+      Make(Options(canned.server(), handoff::v1::TRANSPORT_POLL));
   for (const auto& [name, want] : PageCases()) {
-    {
-      absl::MutexLock lock(&mu);
-      body = ReadFile(absl::StrCat(kCorpus, "/", name));
-    }
+    const std::string body = ReadFile(absl::StrCat(kCorpus, "/", name));
+    canned.Set(ResponseHead("200 OK", "application/json", body.size()) + body);
     Check(name, want, p->Fetch("1200"));
   }
 }
 
 TEST(HostileProviderTest, StreamedCorpus) {
-  std::string stream;
-  absl::Mutex mu;
-  ScriptedServer server([&](ScriptedServer::Conn& c) {
-    std::string s;
-    {
-      absl::MutexLock lock(&mu);
-      s = stream;
-    }
-    c.Send(ResponseHead("200 OK", "text/event-stream", -1) + s);
-  });
+  CannedServer canned;
   for (const auto& [name, want] : SseCases()) {
-    {
-      absl::MutexLock lock(&mu);
-      stream = ReadFile(absl::StrCat(kCorpus, "/", name));
-    }
-    std::unique_ptr<HttpProvider> p = Make(Options(server, handoff::v1::TRANSPORT_SSE));
+    canned.Set(ResponseHead("200 OK", "text/event-stream", -1) +
+               ReadFile(absl::StrCat(kCorpus, "/", name)));
+    std::unique_ptr<HttpProvider> p = Make(Options(canned.server(), handoff::v1::TRANSPORT_SSE));
     FetchResult r = p->Fetch("1200");
     Check(name, want, r);
     if (r.page) {  // the stream then ends: a transient refusal, never a half page
@@ -564,26 +563,6 @@ TEST(HostileProviderTest, EndlessErrorBody) {
   }
 }
 
-// A scripted server that answers every connection with the response last Set().
-class CannedServer {
- public:
-  CannedServer() : server_([this](ScriptedServer::Conn& c) { c.Send(Response()); }) {}
-  void Set(std::string response) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    response_ = std::move(response);
-  }
-  ScriptedServer& server() { return server_; }
-
- private:
-  std::string Response() ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    return response_;
-  }
-  absl::Mutex mu_;
-  std::string response_ ABSL_GUARDED_BY(mu_);
-  ScriptedServer server_;  // last: stopped before the response goes
-};
-
 // Garbage where a status line belongs, and absurd Content-Lengths: transient failures.
 TEST(HostileProviderTest, BrokenResponses) {
   const std::vector<std::string> responses = {
@@ -637,24 +616,12 @@ TEST(HostileProviderTest, ANonStreamContentTypeLeavesNoPartOfTheKey) {
     types.push_back(absl::StrCat("text/html; x=", std::string(pad, 'p'),
                                  absl::AsciiStrToLower(key)));
   }
-  std::string content_type;
-  absl::Mutex mu;
-  ScriptedServer server([&](ScriptedServer::Conn& c) {
-    std::string type;
-    {
-      absl::MutexLock lock(&mu);
-      type = content_type;
-    }
-    c.Send(ResponseHead("200 OK", type, 2) + "{}");
-  });
-  HttpProviderOptions o = Options(server, handoff::v1::TRANSPORT_SSE);
+  CannedServer canned;
+  HttpProviderOptions o = Options(canned.server(), handoff::v1::TRANSPORT_SSE);
   o.api_key = key;
   std::unique_ptr<HttpProvider> p = Make(o);
   for (const std::string& type : types) {
-    {
-      absl::MutexLock lock(&mu);
-      content_type = type;
-    }
+    canned.Set(ResponseHead("200 OK", type, 2) + "{}");
     FetchResult r = p->Fetch("1200");
     SCOPED_TRACE(type + " -> " + Describe(r));
     ASSERT_TRUE(r.refusal.has_value());
@@ -666,10 +633,7 @@ TEST(HostileProviderTest, ANonStreamContentTypeLeavesNoPartOfTheKey) {
     }
   }
   // A harmless media type is still named, for the operator.
-  {
-    absl::MutexLock lock(&mu);
-    content_type = "Text/HTML; charset=utf-8";
-  }
+  canned.Set(ResponseHead("200 OK", "Text/HTML; charset=utf-8", 2) + "{}");
   FetchResult r = p->Fetch("1200");
   ASSERT_TRUE(r.refusal.has_value());
   EXPECT_TRUE(absl::StrContains(r.refusal->message, "text/html")) << Describe(r);
